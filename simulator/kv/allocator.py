@@ -1,0 +1,217 @@
+"""The interface every KV-cache allocator implements, and the records that cross it.
+
+An allocator manages a pool of ``capacity_tokens`` KV slots. Sequences are identified by
+integer ``seq_id``. The contract, shared by :class:`~simulator.kv.paged.PagedAllocator` and
+:class:`~simulator.kv.contiguous.ContiguousAllocator`:
+
+* ``allocate(seq_id, num_tokens, final_tokens, block_hashes)`` admits a new sequence and makes
+  room for its first ``num_tokens`` tokens (a prompt, or the first prefill chunk). It returns an
+  :class:`Allocation` or ``None`` when the pool cannot hold it now (nothing changes then).
+* ``append(seq_id, num_tokens)`` grows the sequence so that it can hold ``num_tokens`` tokens in
+  total — call it *before* writing (grow-before-write). It returns an :class:`AppendResult`
+  (with the block copies copy-on-write needs) or ``None`` when the pool is exhausted; then the
+  caller must preempt someone and retry.
+* ``tokens_until_append(seq_id, num_written)`` says how many more tokens can be written without
+  calling ``append``: the simulator touches the allocator only at those points (block boundaries,
+  a shared last block), never per token.
+* ``fork(parent_id, child_id, num_tokens)`` gives ``child_id`` the parent's first ``num_tokens``
+  tokens (parallel sampling, beam search): shared blocks when paged, a copy when contiguous.
+* ``free(seq_id)`` releases everything of the sequence at once.
+* ``snapshot(...)`` splits the pool into token state / reserved / internal / external / free.
+* ``check_invariants()`` raises ``AssertionError`` if any conservation law is broken.
+
+``final_tokens`` is the number of KV tokens the sequence will hold when it finishes (known to a
+trace replay). Reservation policies (contiguous ``oracle``/``pow2``) and the accounting of
+reserved-vs-never-used slots need it; the paged allocator never allocates ahead of it.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class AllocFailure(enum.Enum):
+    """Why the last ``allocate``/``append`` returned ``None``."""
+
+    NO_SPACE = "no space"  # not enough free slots in total
+    EXTERNAL_FRAGMENTATION = "external fragmentation"  # enough free in total, but no hole fits
+    RESERVATION_EXCEEDED = "reservation exceeded"  # contiguous: the sequence outgrew its region
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """A new sequence's allocation: ``num_cached_tokens`` leading prompt tokens were found in the
+    prefix cache and need no prefill compute."""
+
+    seq_id: int
+    num_cached_tokens: int
+    num_allocated_tokens: int  # slots now owned by the sequence (shared ones included)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """``copies`` are (src_block, dst_block) pairs the executor must copy before this step's write."""
+
+    copies: tuple[tuple[int, int], ...] = ()
+    num_copied_tokens: int = 0
+
+
+NO_COPIES = AppendResult()
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySnapshot:
+    """Where every slot of the KV pool is, in tokens. The five parts sum to ``capacity_tokens``.
+
+    ``token_state``: slots holding KV actually written (a shared slot counts once).
+    ``reserved``: allocated slots the owner will write later.
+    ``internal_fragmentation``: allocated slots that will never be written (a contiguous
+    reservation beyond the final length, the unused tail of a paged last block).
+    ``external_fragmentation``: free slots in holes too small for the request at the head of
+    the queue (contiguous only; always 0 when paged).
+    ``free``: the rest of the free slots (for paged, cached-but-unreferenced blocks included).
+    ``shared_saved_tokens``: slots that sharing (fork, prefix cache) saves against private copies.
+    """
+
+    capacity_tokens: int
+    token_state: int
+    reserved: int
+    internal_fragmentation: int
+    external_fragmentation: int
+    free: int
+    shared_saved_tokens: int
+
+    def fractions(self) -> dict[str, float]:
+        """The five parts as fractions of the pool (they sum to 1)."""
+        cap = self.capacity_tokens
+        return {
+            "token_state": self.token_state / cap,
+            "reserved": self.reserved / cap,
+            "internal_fragmentation": self.internal_fragmentation / cap,
+            "external_fragmentation": self.external_fragmentation / cap,
+            "free": self.free / cap,
+        }
+
+
+class KVAllocator(ABC):
+    """Common bookkeeping: per-sequence token counts and the O(1) accounting aggregates.
+
+    Subclasses keep these sums current on every change so that :meth:`snapshot` is O(1) (the
+    simulator takes one per step):
+
+    * ``_sum_alloc``: Σ over sequences of slots the sequence can address (shared ones per sharer);
+    * ``_sum_useful``: Σ min(allocated, final_tokens) — the slots each sequence will eventually use;
+    * ``_dup_slots``: Σ over shared blocks of (refcount − 1) × block size (double-counted slots);
+    * ``_saved_tokens``: Σ over shared blocks of (refcount − 1) × filled slots;
+    * ``_sum_tokens``: Σ of the token counts last declared through allocate/append/fork.
+    """
+
+    capacity_tokens: int
+
+    def __init__(self) -> None:
+        self.num_tokens: dict[int, int] = {}  # seq_id -> tokens declared (grow-before-write)
+        self.final_tokens: dict[int, int] = {}
+        self.last_failure: AllocFailure | None = None
+        self._sum_alloc = 0
+        self._sum_useful = 0
+        self._dup_slots = 0
+        self._saved_tokens = 0
+        self._sum_tokens = 0
+
+    # ------------------------------------------------------------------ interface
+    @abstractmethod
+    def can_allocate(
+        self, num_tokens: int, final_tokens: int, block_hashes: Sequence[int] = ()
+    ) -> bool:
+        """Whether ``allocate`` with these arguments would succeed now (changes nothing)."""
+
+    @abstractmethod
+    def allocate(
+        self, seq_id: int, num_tokens: int, final_tokens: int, block_hashes: Sequence[int] = ()
+    ) -> Allocation | None:
+        """Admit ``seq_id`` with room for ``num_tokens`` tokens, or ``None`` (nothing changed)."""
+
+    @abstractmethod
+    def append(self, seq_id: int, num_tokens: int) -> AppendResult | None:
+        """Make room for ``num_tokens`` tokens in total, before they are written; ``None`` = full."""
+
+    @abstractmethod
+    def tokens_until_append(self, seq_id: int, num_written: int) -> int:
+        """Tokens that can still be written (after ``num_written``) without calling ``append``."""
+
+    @abstractmethod
+    def fork(self, parent_id: int, child_id: int, num_tokens: int) -> AppendResult | None:
+        """Give ``child_id`` the parent's first ``num_tokens`` tokens; ``None`` if out of memory."""
+
+    @abstractmethod
+    def free(self, seq_id: int) -> None:
+        """Release the sequence's slots. Unknown ids raise ``KeyError``."""
+
+    @abstractmethod
+    def allocated_tokens(self, seq_id: int) -> int:
+        """Slots the sequence can address now (its capacity before the next ``append``)."""
+
+    @abstractmethod
+    def num_free_tokens(self) -> int:
+        """Free slots in total (for paged: free blocks × block size, evictable cached ones too)."""
+
+    @abstractmethod
+    def external_fragmentation(self, head: tuple[int, int] | None) -> int:
+        """Free slots unusable by a sequence of (num_tokens, final_tokens) waiting at the head."""
+
+    @abstractmethod
+    def check_invariants(self) -> None:
+        """Recompute everything from the primary state; raise AssertionError on any mismatch."""
+
+    # ------------------------------------------------------------------ shared
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self.num_tokens
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.num_tokens)
+
+    def snapshot(
+        self, num_written_tokens: int | None = None, head: tuple[int, int] | None = None
+    ) -> MemorySnapshot:
+        """O(1) breakdown of the pool (contiguous: O(holes) when ``head`` changes).
+
+        ``num_written_tokens`` is Σ over live sequences of tokens actually written; callers that
+        write tokens without declaring each one (the simulator) pass it; by default the declared
+        counts are used. ``head`` is the (num_tokens, final_tokens) of the request waiting at the
+        head of the queue, for external fragmentation.
+        """
+        written = self._sum_tokens if num_written_tokens is None else num_written_tokens
+        allocated = self._sum_alloc - self._dup_slots
+        token_state = written - self._saved_tokens
+        reserved = self._sum_useful - written - (self._dup_slots - self._saved_tokens)
+        reserved = max(reserved, 0)
+        internal = allocated - token_state - reserved
+        free = self.capacity_tokens - allocated
+        external = self.external_fragmentation(head) if head is not None else 0
+        return MemorySnapshot(
+            capacity_tokens=self.capacity_tokens,
+            token_state=token_state,
+            reserved=reserved,
+            internal_fragmentation=internal,
+            external_fragmentation=external,
+            free=free - external,
+            shared_saved_tokens=self._saved_tokens,
+        )
+
+    def _check_aggregates(self, sum_alloc: int, sum_useful: int, dup: int, saved: int) -> None:
+        assert self._sum_alloc == sum_alloc, (self._sum_alloc, sum_alloc)
+        assert self._sum_useful == sum_useful, (self._sum_useful, sum_useful)
+        assert self._dup_slots == dup, (self._dup_slots, dup)
+        assert self._saved_tokens == saved, (self._saved_tokens, saved)
+        assert self._sum_tokens == sum(self.num_tokens.values())
+        assert self.num_tokens.keys() == self.final_tokens.keys()
+
+
+def check_sizes(num_tokens: int, final_tokens: int) -> None:
+    """Programming errors, not user input: the scheduler validates requests before this."""
+    if num_tokens < 0 or final_tokens < 0:
+        raise ValueError(f"negative token count ({num_tokens}, {final_tokens})")

@@ -1,0 +1,343 @@
+"""vLLM-style paged KV allocator: a block pool, per-sequence block tables, copy-on-write, prefix caching.
+
+::
+
+    sequence A (23 tokens, B=8)        block table      physical pool
+    ┌────────┬────────┬───────┐        [7, 1, 4]        0 [........]
+    │tok 0-7 │tok 8-15│16-22 _│  ──>                     1 [AAAAAAAA]
+    └────────┴────────┴───────┘                          4 [AAAAAAA_]  <- 1 slot of internal waste
+                                                         7 [AAAAAAAA]
+
+Every block has a reference count (how many block tables point at it). A block is in exactly one
+of three places: referenced by at least one table, on the plain free list, or — when prefix caching
+is on and it holds a full block of known content — on the *evictable* list, still findable by its
+hash until it is reused.
+
+Orderings that matter:
+
+* **Grow before write.** ``append(seq, n)`` is called before the tokens are written; the position
+  ``n - 1`` must already have a block. A prompt that fills its last block exactly therefore gets
+  its next block on the first decode step, not at prefill.
+* **Copy-on-write per block.** Writing into a partially filled last block that another table
+  shares first copies that one block (``(src, dst)`` reported to the executor); full shared blocks
+  are never copied.
+* **Which free block is reused.** A new block comes from the plain free list first; only when it is
+  empty is a cached block evicted, least recently freed first. ``free`` releases a sequence's
+  blocks tail first, so within one sequence the tail block is evicted before its prefix — the
+  prefix is the part other requests are likeliest to share. All of it is O(1) per block: the
+  evictable list is an ordered dict (a doubly linked list underneath), so a cache hit takes a block
+  out of the middle without a scan.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from simulator.kv.allocator import (
+    NO_COPIES,
+    AllocFailure,
+    Allocation,
+    AppendResult,
+    KVAllocator,
+)
+
+
+class PagedAllocator(KVAllocator):
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False):
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        super().__init__()
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.capacity_tokens = num_blocks * block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_count = [0] * num_blocks
+        self.fill = [0] * num_blocks  # written slots of a block as last declared (exact when shared)
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.block_tables: dict[int, list[int]] = {}
+        # pop() hands out block 0 first: easier to read in tests and plots
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # LRU first
+        self._cache: dict[int, int] = {}  # block hash -> block id
+        self._seq_hashes: dict[int, Sequence[int]] = {}
+        self._num_hashed: dict[int, int] = {}  # blocks of the seq whose hash was considered
+        # statistics
+        self.num_cow_copies = 0
+        self.num_evictions = 0
+        self.num_hit_blocks = 0
+        self.num_queried_blocks = 0
+
+    # ------------------------------------------------------------------ queries
+    def num_free_blocks(self) -> int:
+        """Blocks a new allocation can take: plain free plus evictable cached ones."""
+        return len(self._free) + len(self._evictable)
+
+    def num_free_tokens(self) -> int:
+        return self.num_free_blocks() * self.block_size
+
+    def num_cached_blocks(self) -> int:
+        return len(self._cache)
+
+    def allocated_tokens(self, seq_id: int) -> int:
+        return len(self.block_tables[seq_id]) * self.block_size
+
+    def external_fragmentation(self, head: tuple[int, int] | None) -> int:
+        return 0  # any free block serves any request
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _leading_hits(self, block_hashes: Sequence[int], max_blocks: int) -> list[int]:
+        hits: list[int] = []
+        if not self.enable_prefix_caching:
+            return hits
+        cache = self._cache
+        for h in block_hashes[:max_blocks]:
+            b = cache.get(h)
+            if b is None:
+                break
+            hits.append(b)
+        return hits
+
+    def lookup(self, block_hashes: Sequence[int], num_prompt_tokens: int) -> int:
+        """Prompt tokens a new sequence would find in the prefix cache now.
+
+        At least one prompt token is always computed (its logits produce the first output token),
+        so a fully cached prompt reports one block less.
+        """
+        if not block_hashes or not self.enable_prefix_caching:
+            return 0
+        max_blocks = (num_prompt_tokens - 1) // self.block_size
+        return len(self._leading_hits(block_hashes, max_blocks)) * self.block_size
+
+    def tokens_until_append(self, seq_id: int, num_written: int) -> int:
+        table = self.block_tables[seq_id]
+        if not table:
+            return 0
+        capacity = len(table) * self.block_size
+        last = table[-1]
+        if self.ref_count[last] > 1 and num_written < capacity:
+            return 0  # the next write lands in a shared block: copy-on-write first
+        return capacity - num_written
+
+    def block_table(self, seq_id: int) -> tuple[int, ...]:
+        return tuple(self.block_tables[seq_id])
+
+    def slot_mapping(self, seq_id: int, start: int, num_tokens: int) -> list[int]:
+        """Flat pool slots (block * block_size + offset) of positions start .. start+num_tokens-1."""
+        table, bs = self.block_tables[seq_id], self.block_size
+        return [table[p // bs] * bs + p % bs for p in range(start, start + num_tokens)]
+
+    # ------------------------------------------------------------------ block pool
+    def _take_block(self) -> int:
+        """A fresh block with refcount 1 (the caller checked availability)."""
+        if self._free:
+            b = self._free.pop()
+        else:
+            b, _ = self._evictable.popitem(last=False)
+            h = self.block_hash[b]
+            del self._cache[h]  # type: ignore[arg-type]
+            self.block_hash[b] = None
+            self.num_evictions += 1
+        self.ref_count[b] = 1
+        return b
+
+    def _release(self, b: int) -> None:
+        """Drop one reference to ``b`` (keeping the sharing aggregates current)."""
+        rc = self.ref_count[b] - 1
+        self.ref_count[b] = rc
+        if rc > 0:
+            self._dup_slots -= self.block_size
+            self._saved_tokens -= self.fill[b]
+        elif self.block_hash[b] is not None:
+            self._evictable[b] = None  # most recently freed: evicted last
+        else:
+            self._free.append(b)
+
+    def _share(self, b: int) -> None:
+        """Add one reference to a block already referenced or evictable."""
+        rc = self.ref_count[b]
+        if rc == 0:
+            del self._evictable[b]
+        else:
+            self._dup_slots += self.block_size
+            self._saved_tokens += self.fill[b]
+        self.ref_count[b] = rc + 1
+
+    def _register_hashes(self, seq_id: int, num_tokens: int) -> None:
+        hashes = self._seq_hashes.get(seq_id)
+        if not hashes:
+            return
+        done = self._num_hashed[seq_id]
+        upto = min(len(hashes), num_tokens // self.block_size)
+        if upto <= done:
+            return
+        table, cache, block_hash = self.block_tables[seq_id], self._cache, self.block_hash
+        for i in range(done, upto):
+            h, b = hashes[i], table[i]
+            if block_hash[b] is None and h not in cache:
+                cache[h] = b
+                block_hash[b] = h
+        self._num_hashed[seq_id] = upto
+
+    # ------------------------------------------------------------------ interface
+    def can_allocate(
+        self, num_tokens: int, final_tokens: int, block_hashes: Sequence[int] = ()
+    ) -> bool:
+        need = self.blocks_needed(num_tokens)
+        hits = self._leading_hits(block_hashes, max(num_tokens - 1, 0) // self.block_size)
+        evictable_hits = sum(1 for b in hits if self.ref_count[b] == 0)
+        return need - len(hits) + evictable_hits <= self.num_free_blocks()
+
+    def allocate(
+        self, seq_id: int, num_tokens: int, final_tokens: int, block_hashes: Sequence[int] = ()
+    ) -> Allocation | None:
+        if seq_id in self.block_tables:
+            raise ValueError(f"sequence {seq_id} is already allocated")
+        bs = self.block_size
+        need = self.blocks_needed(num_tokens)
+        hits = self._leading_hits(block_hashes, max(num_tokens - 1, 0) // bs)
+        evictable_hits = sum(1 for b in hits if self.ref_count[b] == 0)
+        if need - len(hits) + evictable_hits > self.num_free_blocks():
+            self.last_failure = AllocFailure.NO_SPACE
+            return None
+        if block_hashes and self.enable_prefix_caching:
+            self.num_queried_blocks += min(len(block_hashes), max(num_tokens - 1, 0) // bs)
+            self.num_hit_blocks += len(hits)
+        for b in hits:  # claim the hits before taking new blocks: eviction must not reach them
+            self._share(b)
+        table = hits + [self._take_block() for _ in range(need - len(hits))]
+        fill = self.fill
+        for b in table[len(hits) :]:
+            fill[b] = bs
+        if need:
+            last = table[-1]
+            if self.ref_count[last] == 1:
+                fill[last] = num_tokens - (need - 1) * bs
+        self.block_tables[seq_id] = table
+        self.num_tokens[seq_id] = num_tokens
+        self.final_tokens[seq_id] = final_tokens
+        self._sum_alloc += need * bs
+        self._sum_useful += min(need * bs, final_tokens)
+        self._sum_tokens += num_tokens
+        if block_hashes and self.enable_prefix_caching:
+            self._seq_hashes[seq_id] = block_hashes
+            self._num_hashed[seq_id] = len(hits)
+            self._register_hashes(seq_id, num_tokens)
+        return Allocation(seq_id, len(hits) * bs, need * bs)
+
+    def append(self, seq_id: int, num_tokens: int) -> AppendResult | None:
+        table = self.block_tables[seq_id]
+        bs, ref_count, fill = self.block_size, self.ref_count, self.fill
+        old_len = len(table)
+        cow = False
+        if table:
+            last = table[-1]
+            # the write reaches into a shared, partially filled last block -> copy it first
+            cow = ref_count[last] > 1 and fill[last] < bs and num_tokens > (old_len - 1) * bs + fill[last]
+        need = max(self.blocks_needed(num_tokens), old_len)
+        extra = need - old_len
+        if extra + cow > self.num_free_blocks():
+            self.last_failure = AllocFailure.NO_SPACE
+            return None
+        result = NO_COPIES
+        if cow:
+            src = table[-1]
+            dst = self._take_block()
+            fill[dst] = fill[src]
+            self._release(src)
+            table[-1] = dst
+            self.num_cow_copies += 1
+            result = AppendResult(((src, dst),), fill[src])
+        for _ in range(extra):
+            table.append(self._take_block())
+        if extra:
+            final = self.final_tokens[seq_id]
+            self._sum_alloc += extra * bs
+            self._sum_useful += min(need * bs, final) - min(old_len * bs, final)
+        old_tokens = self.num_tokens[seq_id]
+        if num_tokens > old_tokens:
+            for i in range(max(old_len - 1, 0), need - 1):
+                fill[table[i]] = bs  # the old last block and any skipped ones are full now
+            fill[table[need - 1]] = num_tokens - (need - 1) * bs
+            self.num_tokens[seq_id] = num_tokens
+            self._sum_tokens += num_tokens - old_tokens
+            if seq_id in self._seq_hashes:
+                self._register_hashes(seq_id, num_tokens)
+        return result
+
+    def fork(self, parent_id: int, child_id: int, num_tokens: int) -> AppendResult | None:
+        if child_id in self.block_tables:
+            raise ValueError(f"sequence {child_id} is already allocated")
+        table = self.block_tables[parent_id]
+        bs = self.block_size
+        if num_tokens > len(table) * bs:
+            raise ValueError(f"fork of {num_tokens} tokens but sequence {parent_id} holds {len(table) * bs} slots")
+        # bring the parent's declared length up to date: the fill of the block about to be shared
+        # must be exact, since nobody may write into it while it is shared
+        self.append(parent_id, num_tokens)
+        n = self.blocks_needed(num_tokens)
+        child = table[:n]
+        for b in child:
+            self._share(b)
+        final = self.final_tokens[parent_id]
+        self.block_tables[child_id] = child
+        self.num_tokens[child_id] = num_tokens
+        self.final_tokens[child_id] = final
+        self._sum_alloc += n * bs
+        self._sum_useful += min(n * bs, final)
+        self._sum_tokens += num_tokens
+        if parent_id in self._seq_hashes:
+            self._seq_hashes[child_id] = self._seq_hashes[parent_id]
+            self._num_hashed[child_id] = min(self._num_hashed[parent_id], n)
+        return NO_COPIES
+
+    def free(self, seq_id: int) -> None:
+        table = self.block_tables.pop(seq_id)
+        for b in reversed(table):  # tail first: the tail is evicted before the shared prefix
+            self._release(b)
+        bs = self.block_size
+        final = self.final_tokens.pop(seq_id)
+        self._sum_alloc -= len(table) * bs
+        self._sum_useful -= min(len(table) * bs, final)
+        self._sum_tokens -= self.num_tokens.pop(seq_id)
+        self._seq_hashes.pop(seq_id, None)
+        self._num_hashed.pop(seq_id, None)
+
+    # ------------------------------------------------------------------ invariants
+    def check_invariants(self) -> None:
+        bs = self.block_size
+        refs = [0] * self.num_blocks
+        sum_alloc = sum_useful = 0
+        for seq_id, table in self.block_tables.items():
+            for b in table:
+                refs[b] += 1
+            n = self.num_tokens[seq_id]
+            assert len(table) == self.blocks_needed(n), (seq_id, len(table), n)
+            sum_alloc += len(table) * bs
+            sum_useful += min(len(table) * bs, self.final_tokens[seq_id])
+        assert refs == self.ref_count, "refcount != number of block tables pointing at the block"
+        free = set(self._free)
+        evictable = set(self._evictable)
+        assert len(free) == len(self._free), "a block is twice on the free list"
+        assert not free & evictable, "a block is both free and evictable"
+        used = {b for b in range(self.num_blocks) if refs[b] > 0}
+        assert not used & (free | evictable), "a referenced block is on a free list"
+        assert len(free) + len(evictable) + len(used) == self.num_blocks, "blocks not conserved"
+        for b in free:
+            assert self.block_hash[b] is None, f"free block {b} still has a hash"
+        for b in evictable:
+            h = self.block_hash[b]
+            assert h is not None and self._cache[h] == b, f"evictable block {b} not in the cache"
+        for h, b in self._cache.items():
+            assert self.block_hash[b] == h, f"cache entry {h} -> {b} disagrees with the block"
+        assert self.enable_prefix_caching or not self._cache
+        dup = saved = 0
+        for b in used:
+            assert 0 < self.fill[b] <= bs or refs[b] == 1, f"shared block {b} with fill {self.fill[b]}"
+            dup += (refs[b] - 1) * bs
+            saved += (refs[b] - 1) * self.fill[b]
+        self._check_aggregates(sum_alloc, sum_useful, dup, saved)

@@ -1,0 +1,1 @@
+"""Request streams: the Request record, real-trace loaders and synthetic generators."""

@@ -1,0 +1,30 @@
+"""The request record every loader and generator produces and the scheduler consumes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One inference request of a trace.
+
+    ``prefix_ids`` names the prompt's leading blocks of ``prefix_block_tokens`` tokens each
+    (e.g. Mooncake's ``hash_ids`` of 512-token blocks, or a synthetic system prompt's ids):
+    two requests whose ``prefix_ids`` share a leading run share that much prompt prefix, so
+    a paged allocator with prefix caching can reuse those KV blocks. Empty = no prefix info.
+    """
+
+    request_id: int
+    arrival_s: float  # seconds since the trace start
+    prompt_tokens: int
+    output_tokens: int  # tokens generated per sequence (forced length; EOS is ignored)
+    n: int = 1  # parallel samples (fork after prefill)
+    beam_width: int = 1  # beam search width (1 = no beam search)
+    prefix_ids: tuple[int, ...] = ()
+    prefix_block_tokens: int = 0  # tokens named by one prefix id (0 when prefix_ids is empty)
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences this request decodes at once (samples or beams)."""
+        return max(self.n, self.beam_width)
