@@ -12,11 +12,10 @@ are identical either way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class PrefillChunk:
+class PrefillChunk(NamedTuple):
     """``num_tokens`` prompt tokens of ``seq_id`` computed this step, after
     ``num_computed_tokens`` tokens already in the KV cache (earlier chunks or prefix-cache hits)."""
 
@@ -31,8 +30,7 @@ class PrefillChunk:
         return self.num_computed_tokens + self.num_tokens
 
 
-@dataclass(frozen=True, slots=True)
-class SeqDetail:
+class SeqDetail(NamedTuple):
     """Per-sequence tensors' source for the real backend (detail mode only).
 
     ``block_table`` is the sequence's physical block ids (paged) or ``(start_slot,)`` of its
@@ -48,8 +46,9 @@ class SeqDetail:
     slot_mapping: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class StepPlan:
+class StepPlan(NamedTuple):
+    """One engine step (a NamedTuple: the simulator builds one per step, so creation is hot)."""
+
     step_id: int
     prefills: tuple[PrefillChunk, ...]
     num_decode_seqs: int
@@ -59,9 +58,10 @@ class StepPlan:
     num_swap_out_blocks: int = 0  # KV blocks copied GPU -> CPU this step (swap preemption)
     num_swap_in_blocks: int = 0  # KV blocks copied CPU -> GPU this step
     cow_copies: tuple[tuple[int, int], ...] = ()  # (src_block, dst_block) copies before the write
+    num_copy_tokens: int = 0  # KV tokens copied on device this step (COW blocks, contiguous forks)
     preempted: tuple[int, ...] = ()  # seq ids preempted while building this step
     # Detail mode only (None otherwise): one SeqDetail per scheduled sequence, prefills first.
-    details: tuple[SeqDetail, ...] | None = field(default=None)
+    details: tuple[SeqDetail, ...] | None = None
 
     @property
     def num_prefill_tokens(self) -> int:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
 class AllocFailure(enum.Enum):
@@ -41,8 +41,7 @@ class AllocFailure(enum.Enum):
     RESERVATION_EXCEEDED = "reservation exceeded"  # contiguous: the sequence outgrew its region
 
 
-@dataclass(frozen=True, slots=True)
-class Allocation:
+class Allocation(NamedTuple):
     """A new sequence's allocation: ``num_cached_tokens`` leading prompt tokens were found in the
     prefix cache and need no prefill compute."""
 
@@ -51,8 +50,7 @@ class Allocation:
     num_allocated_tokens: int  # slots now owned by the sequence (shared ones included)
 
 
-@dataclass(frozen=True, slots=True)
-class AppendResult:
+class AppendResult(NamedTuple):
     """``copies`` are (src_block, dst_block) pairs the executor must copy before this step's write."""
 
     copies: tuple[tuple[int, int], ...] = ()
@@ -62,8 +60,7 @@ class AppendResult:
 NO_COPIES = AppendResult()
 
 
-@dataclass(frozen=True, slots=True)
-class MemorySnapshot:
+class MemorySnapshot(NamedTuple):
     """Where every slot of the KV pool is, in tokens. The five parts sum to ``capacity_tokens``.
 
     ``token_state``: slots holding KV actually written (a shared slot counts once).
@@ -110,6 +107,7 @@ class KVAllocator(ABC):
     """
 
     capacity_tokens: int
+    forks_share_memory: bool = False  # fork shares KV (paged) or copies it into a new region
 
     def __init__(self) -> None:
         self.num_tokens: dict[int, int] = {}  # seq_id -> tokens declared (grow-before-write)
@@ -166,7 +164,23 @@ class KVAllocator(ABC):
     def check_invariants(self) -> None:
         """Recompute everything from the primary state; raise AssertionError on any mismatch."""
 
+    @abstractmethod
+    def min_pool_tokens(self, num_prompt: int, final_tokens: int, num_seqs: int) -> int:
+        """Slots a request of ``num_seqs`` sequences needs to finish alone in an empty pool."""
+
+    @abstractmethod
+    def block_table(self, seq_id: int) -> tuple[int, ...]:
+        """Physical blocks of the sequence (contiguous: ``(start_slot,)`` of its region)."""
+
+    @abstractmethod
+    def slot_mapping(self, seq_id: int, start: int, num_tokens: int) -> list[int]:
+        """Flat pool slots of positions ``start .. start + num_tokens - 1``."""
+
     # ------------------------------------------------------------------ shared
+    def lookup(self, block_hashes: Sequence[int], num_prompt_tokens: int) -> int:
+        """Prompt tokens a new sequence would find in the prefix cache (none without one)."""
+        return 0
+
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self.num_tokens
 

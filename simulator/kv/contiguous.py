@@ -121,6 +121,16 @@ class ContiguousAllocator(KVAllocator):
     def tokens_until_append(self, seq_id: int, num_written: int) -> int:
         return self.regions[seq_id][1] - num_written
 
+    def min_pool_tokens(self, num_prompt: int, final_tokens: int, num_seqs: int) -> int:
+        return num_seqs * self.reservation(num_prompt, final_tokens)
+
+    def block_table(self, seq_id: int) -> tuple[int, ...]:
+        return (self.regions[seq_id][0],)
+
+    def slot_mapping(self, seq_id: int, start: int, num_tokens: int) -> list[int]:
+        base = self.regions[seq_id][0]
+        return list(range(base + start, base + start + num_tokens))
+
     def region(self, seq_id: int) -> tuple[int, int]:
         """(start slot, size) of the sequence's region."""
         return self.regions[seq_id]

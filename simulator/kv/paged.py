@@ -44,6 +44,8 @@ from simulator.kv.allocator import (
 
 
 class PagedAllocator(KVAllocator):
+    forks_share_memory = True
+
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False):
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
@@ -86,6 +88,12 @@ class PagedAllocator(KVAllocator):
 
     def external_fragmentation(self, head: tuple[int, int] | None) -> int:
         return 0  # any free block serves any request
+
+    def min_pool_tokens(self, num_prompt: int, final_tokens: int, num_seqs: int) -> int:
+        """The full prompt blocks are shared by all sequences; the rest is private to each."""
+        total = self.blocks_needed(final_tokens)
+        private = total - num_prompt // self.block_size
+        return (total + (num_seqs - 1) * private) * self.block_size
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -209,10 +217,20 @@ class PagedAllocator(KVAllocator):
             self.num_hit_blocks += len(hits)
         for b in hits:  # claim the hits before taking new blocks: eviction must not reach them
             self._share(b)
-        table = hits + [self._take_block() for _ in range(need - len(hits))]
-        fill = self.fill
-        for b in table[len(hits) :]:
-            fill[b] = bs
+        num_new = need - len(hits)
+        free_list, ref_count, fill = self._free, self.ref_count, self.fill
+        if num_new <= len(free_list):  # the common case, in bulk: no eviction needed
+            new = free_list[len(free_list) - num_new :]
+            del free_list[len(free_list) - num_new :]
+            new.reverse()  # the same order as popping one at a time
+            for b in new:
+                ref_count[b] = 1
+                fill[b] = bs
+        else:
+            new = [self._take_block() for _ in range(num_new)]
+            for b in new:
+                fill[b] = bs
+        table = hits + new
         if need:
             last = table[-1]
             if self.ref_count[last] == 1:
@@ -297,8 +315,13 @@ class PagedAllocator(KVAllocator):
 
     def free(self, seq_id: int) -> None:
         table = self.block_tables.pop(seq_id)
+        ref_count, block_hash, free_list = self.ref_count, self.block_hash, self._free
         for b in reversed(table):  # tail first: the tail is evicted before the shared prefix
-            self._release(b)
+            if ref_count[b] == 1 and block_hash[b] is None:  # the common case, inlined
+                ref_count[b] = 0
+                free_list.append(b)
+            else:
+                self._release(b)
         bs = self.block_size
         final = self.final_tokens.pop(seq_id)
         self._sum_alloc -= len(table) * bs

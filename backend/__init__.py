@@ -1,0 +1,1 @@
+"""The real engine: the simulator's scheduler and allocators driving real kernels on a device."""

@@ -1,0 +1,91 @@
+"""The command line: ``kvplan simulate|size|calibrate|...`` and the ``simulate``/``calibrate`` aliases.
+
+Bad input (a KvplanError) is printed as one line, ``kvplan: error: ...``, with exit code 2 —
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from simulator import size_cmd
+from simulator.errors import KvplanError
+from simulator.run import run_simulate, scenario_overrides
+
+
+def _add_simulate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("simulate", help="replay a scenario's trace through the KV allocators",
+                       description="Replay a scenario's requests through a continuous-batching "
+                                   "scheduler and each listed KV allocator; write tables and plots.")
+    add_simulate_args(p)
+    p.set_defaults(func=_run_simulate)
+
+
+def add_simulate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("scenario", help="scenario YAML (e.g. scenarios/chat.yaml)")
+    p.add_argument("--allocator", action="append", metavar="NAME",
+                   help="run only this allocator (repeatable): paged, contiguous-max, contiguous-pow2, "
+                        "contiguous-oracle (or max, pow2, oracle)")
+    p.add_argument("--rate", type=float, help="rescale arrivals to this mean rate (req/s)")
+    p.add_argument("--num-requests", type=int, help="use the first N requests")
+    p.add_argument("--seed", type=int, help="random seed (synthetic workloads, beam search)")
+    p.add_argument("--out", help="output folder (default: runs/<scenario name>/)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any scenario key, e.g. --set block_size=32 --set workload.rate=8")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--force", action="store_true", help="accept a latency profile measured for another setup")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no table")
+
+
+def _run_simulate(args: argparse.Namespace) -> int:
+    for flag, value in (("--rate", args.rate), ("--num-requests", args.num_requests)):
+        if value is not None and value <= 0:
+            raise KvplanError(f"{flag} must be positive, got {value}")
+    overrides = scenario_overrides(rate=args.rate, num_requests=args.num_requests, seed=args.seed,
+                                   allocators=args.allocator, extra=args.set)
+    run_simulate(args.scenario, out=args.out, overrides=overrides, quiet=args.quiet,
+                 plots=not args.no_plots, force_profile=args.force)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvplan", description="Capacity planner for the KV cache of LLM serving.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_simulate(sub)
+    size_cmd.add_parser(sub)
+    return parser
+
+
+def _guarded(run: Callable[[], int]) -> int:
+    try:
+        return run()
+    except KvplanError as err:
+        print(f"kvplan: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kvplan: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return _guarded(lambda: args.func(args))
+
+
+def simulate_main(argv: Sequence[str] | None = None) -> int:
+    """``simulate SCENARIO ...``: the same as ``kvplan simulate``."""
+    return main(["simulate", *(sys.argv[1:] if argv is None else argv)])
+
+
+def calibrate_main(argv: Sequence[str] | None = None) -> int:
+    """``calibrate ...``: the same as ``kvplan calibrate``."""
+    return main(["calibrate", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""A scenario resolved into the concrete things a run needs: model, GPU, KV pool, latency model.
+
+Every allocator of a scenario gets the *same* KV memory (``num_blocks × block_size`` token slots
+per replica, from vLLM's capacity formula or ``num_gpu_blocks_override``); they differ only in how
+they use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from simulator.errors import KvplanError
+from simulator.kv.allocator import KVAllocator
+from simulator.kv.contiguous import ContiguousAllocator
+from simulator.kv.gpus import GPUSpec, get_gpu
+from simulator.kv.models import ModelConfig, load_model
+from simulator.kv.paged import PagedAllocator
+from simulator.kv.sizing import KVCapacity, kv_capacity
+from simulator.latency import LatencyModel
+from simulator.latency.constant import ConstantLatency
+from simulator.latency.profile import ProfileLatency, check_profile_matches, read_profile
+from simulator.latency.roofline import RooflineLatency
+from simulator.scenario import Scenario
+from simulator.scheduler import Scheduler, SchedulerConfig
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Deployment:
+    scenario: Scenario
+    model: ModelConfig
+    gpu: GPUSpec
+    capacity: KVCapacity
+    num_blocks: int  # per replica (per rank: every rank holds its heads' share of each block)
+    scheduler_config: SchedulerConfig
+    latency: LatencyModel
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.scheduler_config.block_size
+
+    def make_allocator(self, name: str) -> KVAllocator:
+        cfg = self.scheduler_config
+        if name == "paged":
+            return PagedAllocator(self.num_blocks, cfg.block_size,
+                                  enable_prefix_caching=cfg.enable_prefix_caching)
+        policy = name.removeprefix("contiguous-")
+        return ContiguousAllocator(self.capacity_tokens, policy=policy,  # type: ignore[arg-type]
+                                   max_model_len=cfg.max_model_len)
+
+    def replica_factory(self, allocator: str, *, detail: bool = False) -> Callable[[int], tuple[Scheduler, KVAllocator]]:
+        def make(_: int) -> tuple[Scheduler, KVAllocator]:
+            alloc = self.make_allocator(allocator)
+            return Scheduler(alloc, self.scheduler_config, detail=detail), alloc
+        return make
+
+    def describe(self) -> dict[str, Any]:
+        cap = self.capacity
+        describe = getattr(self.latency, "describe", None)
+        return {
+            "model": self.model.name,
+            "gpu": self.gpu.name,
+            "tensor_parallel": cap.tp,
+            "num_replicas": self.scenario.num_replicas,
+            "kv_cache_dtype": cap.kv_cache_dtype,
+            "bytes_per_token": cap.bytes_per_token,
+            "block_size": self.scheduler_config.block_size,
+            "num_blocks": self.num_blocks,
+            "kv_capacity_tokens": self.capacity_tokens,
+            "available_kv_gib": cap.available_kv_bytes / GIB,
+            "weight_gib_per_rank": cap.weight_bytes / GIB,
+            "activation_gib_per_rank": cap.activation_bytes / GIB,
+            "max_model_len": self.scheduler_config.max_model_len,
+            "max_concurrency_at_max_model_len": self.capacity_tokens / self.scheduler_config.max_model_len,
+            "notes": list(cap.notes),
+            "latency_model": describe() if describe else {},
+        }
+
+
+def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool = False) -> Deployment:
+    """Resolve names and sizes; any inconsistency is a one-line KvplanError."""
+    model = load_model(_resolve(scenario.model, base_dir) if scenario.model.endswith(".json") else scenario.model)
+    gpu = get_gpu(scenario.gpu)
+    max_model_len = scenario.max_model_len or model.max_position_embeddings
+    max_seqs = scenario.max_num_seqs
+    batched = scenario.max_num_batched_tokens
+    if batched is None:  # vLLM's defaults: 8192 with chunked prefill, else a whole prompt
+        batched = max(8192, max_seqs) if scenario.enable_chunked_prefill else max(max_model_len, max_seqs)
+    cap = kv_capacity(
+        model, gpu, tp=scenario.tensor_parallel, kv_cache_dtype=scenario.kv_cache_dtype,
+        block_size=scenario.block_size, gpu_memory_utilization=scenario.gpu_memory_utilization,
+        max_num_batched_tokens=batched, max_num_seqs=max_seqs, max_model_len=max_model_len,
+    )
+    num_blocks = scenario.num_gpu_blocks_override or cap.num_blocks
+    swap_tokens = int(scenario.swap_space * GIB // cap.bytes_per_token)
+    try:
+        sched = SchedulerConfig(
+            max_num_seqs=max_seqs, max_num_batched_tokens=batched, max_model_len=max_model_len,
+            block_size=scenario.block_size, enable_chunked_prefill=scenario.enable_chunked_prefill,
+            enable_prefix_caching=scenario.enable_prefix_caching,
+            preemption_mode=scenario.preemption_mode, swap_space_tokens=swap_tokens,
+            beam_replace_prob=scenario.beam_replace_prob, seed=scenario.seed,
+        )
+    except ValueError as err:
+        raise KvplanError(str(err)) from None
+    latency = _latency_model(scenario, base_dir, model, gpu, cap, force_profile)
+    return Deployment(scenario, model, gpu, cap, num_blocks, sched, latency)
+
+
+def _resolve(path: str, base_dir: Path) -> str:
+    p = Path(path)
+    return str(p if p.is_absolute() or p.exists() else base_dir / p)
+
+
+def _latency_model(scenario: Scenario, base_dir: Path, model: ModelConfig, gpu: GPUSpec,
+                   cap: KVCapacity, force_profile: bool) -> LatencyModel:
+    spec = scenario.latency
+    if spec.model == "constant":
+        assert spec.step_s is not None
+        return ConstantLatency(spec.step_s)
+    if spec.model == "profile":
+        assert spec.profile is not None
+        profile = read_profile(_resolve(spec.profile, base_dir))
+        if not force_profile:
+            check_profile_matches(profile, model=model.name, tensor_parallel=scenario.tensor_parallel,
+                                  kv_cache_dtype=cap.kv_cache_dtype, gpu=gpu.name)
+        return ProfileLatency(profile, block_size=scenario.block_size)
+    return RooflineLatency(
+        model, gpu, tp=scenario.tensor_parallel, kv_cache_dtype=scenario.kv_cache_dtype,
+        block_size=scenario.block_size, mem_efficiency=spec.mem_efficiency,
+        flops_efficiency=spec.flops_efficiency, step_overhead_s=spec.step_overhead_s,
+    )

@@ -1,0 +1,117 @@
+"""GPU catalog: memory, bandwidths, peak dense tensor throughput and a typical hourly price.
+
+Conventions (so every entry is comparable):
+
+* ``hbm_bytes`` is the datasheet capacity read as GiB (80 GB -> 80 × 2**30), as vLLM's planning
+  and the seed chapter do; the driver reports slightly less (an H100-80GB shows ~79.2 GiB).
+* Throughputs are *dense* (no 2:4 sparsity) tensor-core FLOP/s; ``dense_fp8_flops`` is 0 where
+  the GPU has no fp8 tensor cores.
+* Link bandwidths are *per direction*: datasheets quote NVLink / Infinity Fabric / PCIe as the
+  bidirectional sum (NVLink 4: 900 GB/s = 450 each way; PCIe 4.0 x16: 64 GB/s = 32 each way),
+  and a ring all-reduce or a one-way swap copy moves data one way per link. GPUs without a GPU
+  fabric use PCIe for ``interconnect_bandwidth_bytes_s``.
+* ``price_usd_per_hour`` is a typical on-demand cloud price per GPU, for cost comparisons only;
+  prices change often, check the source.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+
+from simulator.errors import KvplanError
+
+_GIB = 2**30
+_PCIE4_BYTES_S = 32e9  # PCIe 4.0 x16, per direction
+_PCIE5_BYTES_S = 64e9  # PCIe 5.0 x16, per direction
+
+
+@dataclass(frozen=True, slots=True)
+class GPUSpec:
+    """One accelerator's datasheet numbers (see the module docstring for the conventions)."""
+
+    name: str
+    hbm_bytes: int
+    hbm_bandwidth_bytes_s: float
+    dense_bf16_flops: float
+    dense_fp8_flops: float  # 0 if the GPU has no fp8 tensor cores
+    interconnect_bandwidth_bytes_s: float  # NVLink / xGMI per GPU per direction, else PCIe
+    pcie_bandwidth_bytes_s: float  # host link per direction (KV swap traffic)
+    price_usd_per_hour: float
+
+    @property
+    def hbm_gib(self) -> float:
+        return self.hbm_bytes / _GIB
+
+
+_CATALOG: tuple[GPUSpec, ...] = (
+    # NVIDIA A100 datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4): 40 GB HBM2 1,555 GB/s,
+    # BF16 312 TFLOPS dense, NVLink 3 600 GB/s, PCIe 4.0. Price: Lambda on-demand 1x A100 40GB
+    # SXM4, $1.29/GPU-h (lambda.ai/pricing, 2025).
+    GPUSpec("A100-40GB", 40 * _GIB, 1.555e12, 312e12, 0.0, 300e9, _PCIE4_BYTES_S, 1.29),
+    # Same datasheet, 80 GB HBM2e 2,039 GB/s. Price: Lambda 8x A100 80GB SXM4, $1.79/GPU-h (2025).
+    GPUSpec("A100-80GB", 80 * _GIB, 2.039e12, 312e12, 0.0, 300e9, _PCIE4_BYTES_S, 1.79),
+    # NVIDIA H100 datasheet (SXM5): 80 GB HBM3 3.35 TB/s, BF16 989 TFLOPS and FP8 1,979 TFLOPS
+    # dense (half the "with sparsity" figures), NVLink 4 900 GB/s, PCIe 5.0.
+    # Price: Lambda 8x H100 SXM, $2.99/GPU-h (lambda.ai/pricing, 2025).
+    GPUSpec("H100-80GB", 80 * _GIB, 3.35e12, 989.4e12, 1978.9e12, 450e9, _PCIE5_BYTES_S, 2.99),
+    # NVIDIA H200 product page (SXM): 141 GB HBM3e 4.8 TB/s, same tensor cores as H100,
+    # NVLink 900 GB/s. Price: RunPod on-demand H200 SXM, $3.99/GPU-h (runpod.io/pricing, 2025).
+    GPUSpec("H200-141GB", 141 * _GIB, 4.8e12, 989.4e12, 1978.9e12, 450e9, _PCIE5_BYTES_S, 3.99),
+    # NVIDIA L4 datasheet: 24 GB GDDR6 300 GB/s, BF16 242 / FP8 485 TFLOPS with sparsity (so
+    # 121 / 242.5 dense), PCIe 4.0 x16 only. Price: Google Cloud g2-standard-4 (1x L4),
+    # ~$0.71/h in us-central1 (cloud.google.com/compute/gpus-pricing, 2025).
+    GPUSpec("L4", 24 * _GIB, 300e9, 121e12, 242.5e12, _PCIE4_BYTES_S, _PCIE4_BYTES_S, 0.71),
+    # NVIDIA A10G (AWS's A10 variant): 24 GB GDDR6 600 GB/s, ~70 TFLOPS FP16/BF16 tensor
+    # (baseten.co "NVIDIA A10 vs A10G for ML model inference"), PCIe 4.0, no fp8.
+    # Price: AWS g5.xlarge on-demand, $1.006/h in us-east-1 (aws.amazon.com/ec2/pricing, 2025).
+    GPUSpec("A10G", 24 * _GIB, 600e9, 70e12, 0.0, _PCIE4_BYTES_S, _PCIE4_BYTES_S, 1.006),
+    # NVIDIA Ada Lovelace architecture whitepaper, appendix (GeForce RTX 4090): 24 GB GDDR6X
+    # 1,008 GB/s; BF16 165.2 and FP8 330.3 TFLOPS dense with FP32 accumulate; no NVLink.
+    # Price: RunPod secure cloud RTX 4090, $0.69/h (runpod.io/pricing, 2025).
+    GPUSpec("RTX-4090", 24 * _GIB, 1.008e12, 165.2e12, 330.3e12, _PCIE4_BYTES_S,
+            _PCIE4_BYTES_S, 0.69),
+    # AMD Instinct MI300X product page: 192 GB HBM3 5.3 TB/s, BF16 1,307.4 and FP8 2,614.9
+    # TFLOPS dense, Infinity Fabric 896 GB/s peak aggregate (448 each way), PCIe 5.0.
+    # Price: RunPod on-demand MI300X, $2.49/GPU-h (runpod.io/pricing, 2025).
+    GPUSpec("MI300X", 192 * _GIB, 5.3e12, 1307.4e12, 2614.9e12, 448e9, _PCIE5_BYTES_S, 2.49),
+)
+
+# Short names people type; keys are normalized by _normalize.
+_ALIASES: dict[str, str] = {
+    "a100": "A100-80GB", "a100sxm": "A100-80GB", "a100sxm80gb": "A100-80GB",
+    "a100sxm40gb": "A100-40GB",
+    "h100": "H100-80GB", "h100sxm": "H100-80GB", "h100sxm5": "H100-80GB",
+    "h100sxm80gb": "H100-80GB",
+    "h200": "H200-141GB", "h200sxm": "H200-141GB",
+    "nvidial4": "L4", "a10": "A10G",
+    "4090": "RTX-4090", "geforcertx4090": "RTX-4090",
+    "mi300": "MI300X", "instinctmi300x": "MI300X",
+}
+
+
+def _normalize(name: str) -> str:
+    """Case, spaces, dashes and underscores do not matter: "H100_80GB" == "h100-80gb"."""
+    return re.sub(r"[\s_\-]", "", name.lower())
+
+
+_BY_KEY: dict[str, GPUSpec] = {_normalize(gpu.name): gpu for gpu in _CATALOG}
+_BY_KEY.update({alias: _BY_KEY[_normalize(name)] for alias, name in _ALIASES.items()})
+
+
+def list_gpus() -> tuple[str, ...]:
+    """Names of the catalog's GPUs."""
+    return tuple(gpu.name for gpu in _CATALOG)
+
+
+def get_gpu(name: str) -> GPUSpec:
+    """The GPU called ``name`` (case-insensitive; aliases such as ``h100``, ``a100`` (the 80 GB
+    model), ``4090``). Unknown -> KvplanError with a suggestion."""
+    key = _normalize(name)
+    gpu = _BY_KEY.get(key)
+    if gpu is None:
+        close = difflib.get_close_matches(key, list(_BY_KEY), n=1, cutoff=0.6)
+        hint = f" — did you mean '{_BY_KEY[close[0]].name}'?" if close else ""
+        raise KvplanError(f"unknown GPU '{name}'{hint} (known: {', '.join(list_gpus())})")
+    return gpu

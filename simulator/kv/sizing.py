@@ -1,0 +1,262 @@
+"""KV-cache sizing: bytes per token (β) and the KV capacity of a GPU, the way vLLM computes it.
+
+β, the bytes one token's KV state takes on one tensor-parallel rank::
+
+    β = L · W · b        W = 2 · (H_kv / TP) · d_h     (K and V of this rank's KV heads)
+                         W = kv_lora_rank + qk_rope_head_dim   (MLA: one latent per layer,
+                                                                replicated on every rank)
+
+When TP > H_kv vLLM replicates KV heads so each rank holds exactly one (TP must then be a
+multiple of H_kv); the KV state is then duplicated across ranks and the layout says so.
+
+Capacity (vLLM's profile run, done here analytically)::
+
+    available = gpu_memory_utilization × HBM − weights/TP − peak activations − non-torch overhead
+    num_blocks = floor(available / (block_size × β))
+
+(weights/TP ignores the few tensors vLLM replicates on every rank — norms, and k/v projections
+once TP > H_kv — well under 1% of a rank's weights for the catalog models.)
+
+Peak activations, for a forward pass over ``max_num_batched_tokens`` = T tokens on one rank
+(activations in the model's dtype ``a``; logits in fp32)::
+
+    2·T·hidden·a                                  hidden states + residual, live across a layer
+    + max( T·3·intermediate/TP·a                  SwiGLU gate_up output (2×) + activated (1×)
+           T·k·(3·moe_intermediate/TP + hidden)·a fused-MoE intermediate caches (k experts/token)
+           T·(q + k + v + out widths per rank)·a  attention buffers
+           2·max_num_seqs·vocab·4 )               sampler logits + probabilities, fp32
+
+The non-torch overhead (:data:`NON_TORCH_OVERHEAD_BYTES`, 0.5 GiB) stands for what vLLM reports
+as ``non_torch_memory``: cuBLAS workspaces, NCCL buffers, the allocator's slack; it measures
+~0.5 GiB for Llama-3.1-8B on an H100. CUDA-graph memory comes out of the 1 − utilization margin.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from simulator.errors import KvplanError, did_you_mean
+from simulator.kv.gpus import GPUSpec
+from simulator.kv.models import ModelConfig, canonical_dtype, dtype_bits
+
+GIB = 2**30
+MIB = 2**20
+NON_TORCH_OVERHEAD_BYTES = GIB // 2
+
+# KV cache dtypes (vLLM's --kv-cache-dtype plus the HF torch_dtype spellings) -> bytes/element.
+KV_DTYPE_BYTES: dict[str, int] = {
+    "fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "half": 2, "bf16": 2, "bfloat16": 2,
+    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1,
+}
+
+
+def kv_dtype_bytes(name: str) -> int:
+    """Bytes per element of KV cache dtype ``name``. Unknown -> KvplanError (did you mean)."""
+    key = name.strip().lower()
+    if key not in KV_DTYPE_BYTES:
+        raise KvplanError(f"unknown KV cache dtype '{name}'{did_you_mean(key, KV_DTYPE_BYTES)}"
+                          f" (known: auto, {', '.join(KV_DTYPE_BYTES)})")
+    return KV_DTYPE_BYTES[key]
+
+
+def resolve_kv_dtype(model: ModelConfig, kv_cache_dtype: str = "auto") -> str:
+    """The KV dtype actually stored: ``"auto"`` means the model's ``torch_dtype``."""
+    if kv_cache_dtype.strip().lower() == "auto":
+        return canonical_dtype(model.torch_dtype)
+    kv_dtype_bytes(kv_cache_dtype)
+    return kv_cache_dtype.strip().lower()
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    """The KV state of one token on one tensor-parallel rank."""
+
+    num_layers: int
+    kv_width: int  # elements per token per layer on this rank: 2·H_kv_rank·d_h, or MLA latent
+    dtype: str
+    dtype_bytes: int
+    tp: int
+    num_kv_heads_per_rank: int  # 0 for MLA
+    replicated: bool  # the same KV state is stored on more than one rank
+    notes: tuple[str, ...] = ()
+
+    @property
+    def bytes_per_token(self) -> int:
+        """β on this rank, bytes."""
+        return self.num_layers * self.kv_width * self.dtype_bytes
+
+
+def kv_layout(num_layers: int, num_kv_heads: int, head_dim: int, *, dtype: str = "fp16",
+              tp: int = 1, latent_width: int | None = None) -> KVLayout:
+    """The per-rank KV layout from raw dimensions.
+
+    ``latent_width`` (MLA: kv_lora_rank + qk_rope_head_dim) replaces ``2·H_kv·d_h``; the
+    head counts are then ignored. TP must divide H_kv, or be a multiple of it (replication).
+    """
+    for flag, value in (("layers", num_layers), ("tp", tp)):
+        _require_positive(flag, value)
+    dtype_size = kv_dtype_bytes(dtype)
+    if latent_width is not None:
+        _require_positive("latent width (kv_lora_rank + qk_rope_head_dim)", latent_width)
+        note = (f"MLA latent ({latent_width} values/token/layer) is replicated on every one of"
+                f" the {tp} ranks")
+        notes = (note,) if tp > 1 else ()
+        return KVLayout(num_layers, latent_width, dtype.lower(), dtype_size, tp, 0, tp > 1, notes)
+    _require_positive("kv heads", num_kv_heads)
+    _require_positive("head dim", head_dim)
+    if tp <= num_kv_heads:
+        if num_kv_heads % tp:
+            raise KvplanError(f"tp={tp} does not divide the {num_kv_heads} KV heads")
+        heads = num_kv_heads // tp
+        return KVLayout(num_layers, 2 * heads * head_dim, dtype.lower(), dtype_size, tp,
+                        heads, False)
+    if tp % num_kv_heads:
+        raise KvplanError(f"tp={tp} exceeds the {num_kv_heads} KV heads and is not a multiple"
+                          " of them (vLLM replicates each head on tp / H_kv ranks)")
+    note = (f"tp={tp} > {num_kv_heads} KV heads: each KV head is replicated on"
+            f" {tp // num_kv_heads} ranks; every rank holds 1 KV head")
+    return KVLayout(num_layers, 2 * head_dim, dtype.lower(), dtype_size, tp, 1, True, (note,))
+
+
+def model_kv_layout(model: ModelConfig, kv_cache_dtype: str = "auto", tp: int = 1) -> KVLayout:
+    """The per-rank KV layout of ``model`` (``"auto"`` dtype = the model's torch_dtype)."""
+    dtype = resolve_kv_dtype(model, kv_cache_dtype)
+    _require_positive("tp", tp)
+    if model.num_attention_heads % tp:
+        raise KvplanError(f"tp={tp} does not divide {model.name}'s {model.num_attention_heads}"
+                          " attention heads")
+    latent = model.kv_latent_width if model.is_mla else None
+    return kv_layout(model.num_hidden_layers, model.num_key_value_heads, model.head_dim,
+                     dtype=dtype, tp=tp, latent_width=latent)
+
+
+def bytes_per_token(model: ModelConfig, kv_cache_dtype: str = "auto", tp: int = 1) -> int:
+    """β: KV-cache bytes per token on one tensor-parallel rank."""
+    return model_kv_layout(model, kv_cache_dtype, tp).bytes_per_token
+
+
+def max_sequences(pool_bytes: int, bytes_per_token: int, seq_len_tokens: int,
+                  block_size: int = 1) -> int:
+    """Sequences of ``seq_len_tokens`` that a KV pool of ``pool_bytes`` holds at once, each
+    rounded up to whole blocks of ``block_size`` tokens (1 = exact token granularity)."""
+    for flag, value in (("pool bytes", pool_bytes), ("bytes per token", bytes_per_token),
+                        ("seq len", seq_len_tokens), ("block size", block_size)):
+        _require_positive(flag, value)
+    num_blocks = pool_bytes // (block_size * bytes_per_token)
+    return num_blocks // math.ceil(seq_len_tokens / block_size)
+
+
+def activation_bytes(model: ModelConfig, *, tp: int = 1, max_num_batched_tokens: int = 8192,
+                     max_num_seqs: int = 256) -> int:
+    """Peak activation bytes of one rank's forward pass (formula in the module docstring)."""
+    act = min(dtype_bits(model.torch_dtype), 32) // 8
+    act = max(act, 2)  # fp8/int weights still run 16-bit activations
+    tokens = max_num_batched_tokens
+    residual = 2 * tokens * model.hidden_size * act
+    mlp_width = 2 if model.model_type == "opt" else 3  # fc1 out + activation | gate_up + silu
+    candidates = [tokens * mlp_width * math.ceil(model.intermediate_size / tp) * act]
+    if model.is_moe:
+        per_token = 3 * math.ceil((model.moe_intermediate_size or 0) / tp) + model.hidden_size
+        candidates.append(tokens * model.experts_per_token * per_token * act)
+    heads = model.num_attention_heads // tp
+    if model.is_mla:
+        attn_width = heads * (2 * model.qk_head_dim + 2 * model.value_head_dim)
+    else:
+        kv_heads = max(1, model.num_key_value_heads // tp)
+        attn_width = (2 * heads + 2 * kv_heads) * model.head_dim
+    candidates.append(tokens * attn_width * act)
+    candidates.append(2 * max_num_seqs * model.vocab_size * 4)
+    return residual + max(candidates)
+
+
+@dataclass(frozen=True, slots=True)
+class KVCapacity:
+    """How much KV cache fits on one rank, with every term of the budget."""
+
+    model_name: str
+    gpu_name: str
+    tp: int
+    kv_cache_dtype: str
+    block_size: int
+    bytes_per_token: int  # β per rank
+    block_bytes: int  # block_size × β
+    budget_bytes: int  # gpu_memory_utilization × HBM
+    weight_bytes: int  # per rank
+    activation_bytes: int  # peak, per rank
+    non_torch_bytes: int
+    available_kv_bytes: int
+    num_blocks: int
+    capacity_tokens: int  # num_blocks × block_size
+    max_model_len: int
+    max_concurrency: float  # capacity_tokens / max_model_len
+    notes: tuple[str, ...]
+
+
+def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype: str = "auto",
+                block_size: int = 16, gpu_memory_utilization: float = 0.9,
+                max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
+                max_model_len: int | None = None, weight_dtype: str = "auto") -> KVCapacity:
+    """KV blocks that fit on each rank of ``gpu`` serving ``model`` (module docstring formula).
+
+    ``max_model_len`` defaults to the model's ``max_position_embeddings``. Raises KvplanError
+    when the weights (or weights plus activations) leave no room for even one block.
+    """
+    for flag, value in (("block size", block_size), ("max num batched tokens",
+                        max_num_batched_tokens), ("max num seqs", max_num_seqs)):
+        _require_positive(flag, value)
+    if not 0 < gpu_memory_utilization <= 1:
+        raise KvplanError("gpu memory utilization must be in (0, 1],"
+                          f" got {gpu_memory_utilization}")
+    model_len = model.max_position_embeddings if max_model_len is None else max_model_len
+    _require_positive("max model len", model_len)
+    layout = model_kv_layout(model, kv_cache_dtype, tp)
+    budget = int(gpu_memory_utilization * gpu.hbm_bytes)
+    weights = math.ceil(model.weight_bytes(weight_dtype) / tp)
+    if weights >= budget:
+        raise KvplanError(f"{model.name} weights ({weights / GIB:.1f} GiB per rank) do not fit in"
+                          f" {gpu_memory_utilization:.2f} × {gpu.hbm_gib:g} GiB of {gpu.name};"
+                          " raise --tp")
+    activations = activation_bytes(model, tp=tp, max_num_batched_tokens=max_num_batched_tokens,
+                                   max_num_seqs=max_num_seqs)
+    available = budget - weights - activations - NON_TORCH_OVERHEAD_BYTES
+    block_bytes = block_size * layout.bytes_per_token
+    if available < block_bytes:
+        raise KvplanError(
+            f"no room for the KV cache of {model.name} on {gpu.name}:"
+            f" {gpu_memory_utilization:.2f} × {gpu.hbm_gib:g} GiB − weights {weights / GIB:.2f} GiB"
+            f" − activations {activations / GIB:.2f} GiB − overhead"
+            f" {NON_TORCH_OVERHEAD_BYTES / GIB:.2f} GiB = {available / GIB:.2f} GiB; raise --tp or"
+            " --gpu-memory-utilization, or lower --max-num-batched-tokens")
+    num_blocks = available // block_bytes
+    capacity = num_blocks * block_size
+    notes = list(layout.notes)
+    if capacity < model_len:
+        notes.append(f"max_model_len {model_len:,} exceeds the KV capacity ({capacity:,} tokens):"
+                     " one full-length request does not fit (vLLM refuses to start);"
+                     " lower --max-model-len")
+    return KVCapacity(
+        model_name=model.name, gpu_name=gpu.name, tp=tp, kv_cache_dtype=layout.dtype,
+        block_size=block_size, bytes_per_token=layout.bytes_per_token, block_bytes=block_bytes,
+        budget_bytes=budget, weight_bytes=weights, activation_bytes=activations,
+        non_torch_bytes=NON_TORCH_OVERHEAD_BYTES, available_kv_bytes=available,
+        num_blocks=num_blocks, capacity_tokens=capacity, max_model_len=model_len,
+        max_concurrency=capacity / model_len, notes=tuple(notes))
+
+
+def format_vllm_log(cap: KVCapacity) -> str:
+    """The capacity as vLLM's startup log prints it (one line each)."""
+    memory = (f"Model weights take {cap.weight_bytes / GIB:.2f} GiB per rank; peak activations"
+              f" {cap.activation_bytes / GIB:.2f} GiB; non-torch memory"
+              f" {cap.non_torch_bytes / GIB:.2f} GiB")
+    size = (f"GPU KV cache size: {cap.capacity_tokens:,} tokens ({cap.num_blocks:,} blocks of"
+            f" {cap.block_size})")
+    concurrency = (f"Maximum concurrency for {cap.max_model_len:,} tokens per request:"
+                   f" {cap.max_concurrency:.2f}x")
+    available = f"Available KV cache memory: {cap.available_kv_bytes / GIB:.2f} GiB"
+    return f"{memory}\n{available}\n{size}\n{concurrency}"
+
+
+def _require_positive(flag: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise KvplanError(f"{flag} must be a positive integer, got {value!r}")

@@ -1,0 +1,181 @@
+"""Scenario YAML -> a validated, typed :class:`Scenario` (clear one-line errors, nothing eval'd).
+
+::
+
+    name: chat
+    model: llama-3.1-8b            # catalog name, HF id, or a path to a config.json
+    gpu: h100-80gb
+    tensor_parallel: 1
+    allocators: [paged, contiguous-max, contiguous-pow2, contiguous-oracle]
+    # vLLM's engine knobs, under vLLM's names
+    gpu_memory_utilization: 0.9
+    block_size: 16
+    max_model_len: 8192
+    kv_cache_dtype: auto
+    max_num_seqs: 256
+    max_num_batched_tokens: 8192
+    enable_chunked_prefill: true
+    enable_prefix_caching: false
+    swap_space: 4                  # GiB of CPU memory per GPU for swapped-out KV
+    preemption_mode: recompute
+    latency: {model: roofline}     # or {model: profile, profile: profiles/h100-llama-3.1-8b.yaml}
+    workload: {trace: bundled:azure-conv}
+    slo: {ttft_p99_s: 2.0, tpot_p99_s: 0.1}
+
+Unknown keys are errors that suggest the near name; values are type- and range-checked.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from simulator.errors import KvplanError, did_you_mean
+from workloads.spec import WorkloadSpec, format_validation_error
+
+ALLOCATORS: tuple[str, ...] = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
+ALLOCATOR_ALIASES = {"max": "contiguous-max", "pow2": "contiguous-pow2", "oracle": "contiguous-oracle"}
+
+
+def canonical_allocator(name: str) -> str:
+    """The canonical allocator name for ``name`` (short aliases: max, pow2, oracle)."""
+    name = ALLOCATOR_ALIASES.get(name, name)
+    if name not in ALLOCATORS:
+        choices = ALLOCATORS + tuple(ALLOCATOR_ALIASES)
+        raise KvplanError(f"unknown allocator '{name}'{did_you_mean(name, choices) or ' (known: ' + ', '.join(ALLOCATORS) + ')'}")
+    return name
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LatencySpec(_Spec):
+    model: Literal["roofline", "profile", "constant"] = "roofline"
+    profile: str | None = None  # profile file (relative to the scenario file)
+    mem_efficiency: Annotated[float, Field(gt=0, le=1)] = 0.8
+    flops_efficiency: Annotated[float, Field(gt=0, le=1)] = 0.6
+    step_overhead_s: Annotated[float, Field(ge=0, le=10)] = 0.003
+    step_s: Annotated[float, Field(gt=0, le=100)] | None = None  # constant model
+
+    @model_validator(mode="after")
+    def _needs(self) -> LatencySpec:
+        if self.model == "profile" and not self.profile:
+            raise ValueError("model 'profile' needs 'profile: PATH'")
+        if self.model == "constant" and self.step_s is None:
+            raise ValueError("model 'constant' needs 'step_s'")
+        return self
+
+
+class SLOSpec(_Spec):
+    ttft_p99_s: Annotated[float, Field(gt=0)] | None = None
+    tpot_p99_s: Annotated[float, Field(gt=0)] | None = None
+    e2e_p99_s: Annotated[float, Field(gt=0)] | None = None
+    max_rejected_fraction: Annotated[float, Field(ge=0, le=1)] = 0.0
+
+
+class Scenario(_Spec):
+    name: str = ""
+    description: str = ""
+    seed: int = 0
+    model: str
+    gpu: str
+    tensor_parallel: Annotated[int, Field(ge=1, le=64)] = 1
+    num_replicas: Annotated[int, Field(ge=1, le=4096)] = 1
+    allocators: tuple[str, ...] = ("paged",)
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    block_size: Annotated[int, Field(ge=1, le=4096)] = 16
+    max_model_len: Annotated[int, Field(ge=2, le=10_000_000)] | None = None
+    kv_cache_dtype: str = "auto"
+    max_num_seqs: Annotated[int, Field(ge=1, le=65536)] = 256
+    max_num_batched_tokens: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = False
+    swap_space: Annotated[float, Field(ge=0, le=4096)] = 4.0
+    preemption_mode: Literal["recompute", "swap"] = "recompute"
+    num_gpu_blocks_override: Annotated[int, Field(ge=1)] | None = None
+    beam_replace_prob: Annotated[float, Field(ge=0, le=1)] = 0.5
+    latency: LatencySpec = LatencySpec()
+    workload: WorkloadSpec
+    slo: SLOSpec | None = None
+
+    @field_validator("allocators", mode="before")
+    @classmethod
+    def _allocators(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, (list, tuple)):
+            if not value:
+                raise ValueError("list at least one allocator")
+            out = []
+            for v in value:
+                if not isinstance(v, str):
+                    raise ValueError(f"allocator names are strings, got {v!r}")
+                try:
+                    out.append(canonical_allocator(v))
+                except KvplanError as err:
+                    raise ValueError(str(err)) from None
+            if len(set(out)) != len(out):
+                raise ValueError("an allocator is listed twice")
+            return tuple(out)
+        return value
+
+
+def _yaml_error(where: str, err: yaml.YAMLError) -> KvplanError:
+    mark = getattr(err, "problem_mark", None)
+    line = f":{mark.line + 1}" if mark is not None else ""
+    return KvplanError(f"{where}{line}: not valid YAML ({getattr(err, 'problem', None) or err})")
+
+
+def parse_scenario(data: object, where: str) -> Scenario:
+    if not isinstance(data, dict):
+        raise KvplanError(f"{where}: a scenario is a mapping of keys (model, gpu, workload, ...)")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as err:
+        raise format_validation_error(err, where, model=Scenario) from None
+
+
+def load_scenario(path: str | Path, overrides: dict[str, object] | None = None) -> tuple[Scenario, Path]:
+    """Read ``path`` (YAML, loaded safely), apply dotted-key ``overrides``, validate.
+
+    Returns the scenario and the folder relative paths in it are resolved against. The scenario's
+    name defaults to the file's stem.
+    """
+    p = Path(path)
+    where = str(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise KvplanError(f"{where}: no such scenario file") from None
+    except IsADirectoryError:
+        raise KvplanError(f"{where}: is a directory, not a scenario file") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise _yaml_error(where, err) from None
+    if data is None:
+        raise KvplanError(f"{where}: the scenario file is empty")
+    if not isinstance(data, dict):
+        raise KvplanError(f"{where}: a scenario is a mapping of keys (model, gpu, workload, ...)")
+    data.setdefault("name", p.stem)
+    for key, value in (overrides or {}).items():
+        set_dotted(data, key, value)
+    return parse_scenario(data, where), p.parent
+
+
+def set_dotted(data: dict, key: str, value: object) -> None:
+    """``set_dotted(d, "workload.rate", 8)`` sets ``d["workload"]["rate"] = 8``."""
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise KvplanError(f"cannot set '{key}': '{part}' is not a mapping")
+        node = child
+    node[parts[-1]] = value

@@ -1,0 +1,516 @@
+"""Continuous batching, the way vLLM schedules: one StepPlan per step, no notion of time.
+
+Every step:
+
+1. Sequences that reach the end of their KV allocation (a block boundary, a shared last block)
+   grow first — *before* this step writes their next token. If the pool is exhausted, the most
+   recently admitted running request is preempted (recompute or swap) until the growth fits.
+2. Swapped-out requests come back first, oldest first, when their KV fits again.
+3. Every decoding sequence decodes one token (the token budget always holds them:
+   ``max_num_batched_tokens >= max_num_seqs``).
+4. Partly prefilled prompts continue with the budget that is left, then waiting requests are
+   admitted first come, first served while the budget, ``max_num_seqs`` and the allocator allow.
+   The first request that does not fit stops admission (no overtaking); no admission happens in
+   a step that had to preempt.
+
+``complete(plan)`` applies the step: prefills advance, a finished prompt emits the first token
+and forks its samples/beams, decodes advance, and finished requests free their KV in the same
+step so the next step can admit into it.
+
+Per-step work is proportional to what changed, not to the batch: decoding sequences are not
+visited. A group's KV length is ``anchor_len + decode_counter - anchor_counter``; the step at
+which it next needs the allocator (``tokens_until_append``) or finishes is known in advance and
+kept in a dict keyed by decode counter. The totals a latency model needs (Σ context, Σ context²,
+max context) are kept incrementally.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import deque
+
+from simulator.kv.allocator import AllocFailure, KVAllocator
+from simulator.kv.prefix import block_hashes
+from simulator.plan import PrefillChunk, SeqDetail, StepPlan
+from simulator.scheduler.config import SchedulerConfig
+from simulator.scheduler.state import Group, Status, StepOutcome
+from workloads.request import Request
+
+_GROW, _BEAM = 0, 1
+_NOTHING = StepOutcome((), ())
+
+
+class Scheduler:
+    def __init__(self, allocator: KVAllocator, config: SchedulerConfig, *, detail: bool = False):
+        self.alloc = allocator
+        self.config = config
+        self.detail = detail
+        self.waiting: deque[Group] = deque()
+        self.swapped: deque[Group] = deque()
+        self.running: dict[int, Group] = {}  # admission order: the last is preempted first
+        self.prefilling: dict[int, Group] = {}
+        self.decoding: dict[int, Group] = {}
+        self.groups: dict[int, Group] = {}
+        self.decode_counter = 0
+        self.step_id = 0
+        # decode counter -> (kind, group, epoch, grow token): growth and beam events of that step
+        self._events: dict[int, list[tuple[int, Group, int, int]]] = {}
+        self._finishes: dict[int, list[tuple[Group, int]]] = {}
+        self._max_heap: list[tuple[int, int, int, Group]] = []
+        self._n_dec = 0  # decoding sequences
+        self._s1 = 0  # Σ KV length over decoding sequences
+        self._s2 = 0  # Σ KV length²
+        self._prefill_written = 0  # KV tokens written by groups still prefilling
+        self._prefill_owner: dict[int, Group] = {}  # seq id of a prefilling prompt -> its group
+        self._num_running_seqs = 0
+        self._next_seq_id = 0
+        self._next_admit = 0
+        self._swap_used_tokens = 0
+        self._rng = random.Random(config.seed)
+        # per-step scratch
+        self.newly_admitted: list[Group] = []  # groups admitted by the last schedule()
+        self._preempted: list[int] = []
+        self._copies: list[tuple[int, int]] = []
+        self._copy_tokens = 0
+        self._swap_out_tokens = 0
+        self._swap_in_tokens = 0
+        # totals
+        self.num_preemptions = 0
+        self.num_swaps = 0
+        self.num_finished = 0
+        self.num_rejected = 0
+        self.prefix_hit_tokens = 0
+        self.prefix_query_tokens = 0
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request: Request) -> Group:
+        """Queue a request, or reject it at once (``status == REJECTED``, with a reason) when it
+        could never run: longer than max_model_len, or more KV than the whole pool."""
+        cfg = self.config
+        final = request.prompt_tokens + request.output_tokens - 1
+        hashes: tuple[int, ...] = ()
+        if cfg.enable_prefix_caching and request.prefix_ids:
+            hashes = block_hashes(
+                request.prefix_ids, request.prefix_block_tokens, cfg.block_size, request.prompt_tokens
+            )
+        g = Group(request, final, hashes, num_prefill_target=request.prompt_tokens)
+        self.groups[request.request_id] = g
+        total = request.prompt_tokens + request.output_tokens
+        if total > cfg.max_model_len:
+            return self._reject(g, f"max_model_len: prompt + output = {total} tokens > {cfg.max_model_len}")
+        need = self.alloc.min_pool_tokens(request.prompt_tokens, final, request.num_seqs)
+        if need > self.alloc.capacity_tokens:
+            return self._reject(
+                g, f"kv_capacity: needs {need} KV slots, the whole pool holds {self.alloc.capacity_tokens}"
+            )
+        if request.num_seqs > cfg.max_num_seqs:
+            return self._reject(g, f"max_num_seqs: {request.num_seqs} sequences > {cfg.max_num_seqs}")
+        self.waiting.append(g)
+        return g
+
+    def _reject(self, g: Group, reason: str) -> Group:
+        g.status = Status.REJECTED
+        g.reject_reason = reason
+        self.num_rejected += 1
+        return g
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting or self.swapped)
+
+    @property
+    def num_running_seqs(self) -> int:
+        return self._num_running_seqs
+
+    def written_tokens(self) -> int:
+        """Σ over resident sequences of KV tokens written (shared ones per sharer)."""
+        return self._s1 + self._prefill_written
+
+    def head(self) -> tuple[int, int] | None:
+        """(tokens, final tokens) of the request that would be admitted next, for fragmentation."""
+        q = self.swapped or self.waiting
+        if not q:
+            return None
+        g = q[0]
+        return (g.swapped_len + 1 if g.status is Status.SWAPPED else g.num_prefill_target, g.final_tokens)
+
+    # ------------------------------------------------------------------ schedule
+    def schedule(self) -> StepPlan:
+        """Decide the next step. Valid until the matching :meth:`complete`."""
+        cfg = self.config
+        d = self.decode_counter
+        self._preempted, self._copies = [], []
+        self.newly_admitted = []
+        self._copy_tokens = self._swap_out_tokens = self._swap_in_tokens = 0
+
+        for kind, g, epoch, token in self._events.pop(d, ()):
+            if g.epoch != epoch or g.status is not Status.DECODING:
+                continue  # preempted or finished since
+            if kind == _BEAM:
+                self._reshuffle_beams(g, d)
+                self._grow(g, d)
+            elif token == g.grow_token:
+                self._grow(g, d)
+
+        if self.swapped and not self._preempted:
+            self._swap_in(d)
+
+        budget = cfg.max_num_batched_tokens - self._n_dec
+        chunks: list[PrefillChunk] = []
+        if self.prefilling:
+            for g in list(self.prefilling.values()):
+                if budget <= 0:
+                    break
+                if g.status is not Status.PREFILLING:  # preempted by an earlier chunk's growth
+                    continue
+                n = min(g.num_prefill_target - g.num_computed, budget)
+                if not cfg.enable_chunked_prefill and n < g.num_prefill_target - g.num_computed:
+                    break
+                if not self._grow_prefill(g, g.num_computed + n):
+                    continue
+                chunks.append(self._chunk(g, n))
+                budget -= n
+        if self.waiting and not self._preempted:
+            budget = self._admit(budget, chunks)
+        if chunks and self._preempted:
+            # a later chunk's growth may have preempted a group that already had a chunk
+            chunks = [c for c in chunks if c.seq_id in self._prefill_owner]
+        return self._plan(d, chunks)
+
+    def _chunk(self, g: Group, n: int) -> PrefillChunk:
+        last = g.num_computed + n == g.num_prefill_target
+        return PrefillChunk(g.seq_ids[0], n, g.num_computed, last)
+
+    def _admit(self, budget: int, chunks: list[PrefillChunk]) -> int:
+        cfg, alloc = self.config, self.alloc
+        while self.waiting and budget > 0:
+            g = self.waiting[0]
+            k = g.num_seqs
+            if self._num_running_seqs + k > cfg.max_num_seqs:
+                break
+            target = g.num_prefill_target
+            cached = alloc.lookup(g.block_hashes, target) if g.block_hashes else 0
+            n = target - cached
+            if n > budget:
+                if not cfg.enable_chunked_prefill:
+                    break
+                n = budget
+            seq = self._new_seq_id()
+            got = alloc.allocate(seq, cached + n, g.final_tokens, g.block_hashes)
+            if got is None:
+                if alloc.last_failure is AllocFailure.EXTERNAL_FRAGMENTATION:
+                    g.blocked_by_external_fragmentation = True
+                break
+            assert got.num_cached_tokens == cached, (got.num_cached_tokens, cached)
+            g.seq_ids = [seq]
+            if k > 1 and not alloc.forks_share_memory:
+                # without sharing, every sample needs its own region from the start
+                for _ in range(k - 1):
+                    child = self._new_seq_id()
+                    if alloc.fork(seq, child, 0) is None:
+                        break
+                    g.seq_ids.append(child)
+                if len(g.seq_ids) < k:
+                    for s in g.seq_ids:
+                        alloc.free(s)
+                    g.seq_ids = []
+                    break
+            self.waiting.popleft()
+            g.status = Status.PREFILLING
+            g.num_computed = cached
+            g.admit_order = self._next_admit
+            self._next_admit += 1
+            g.prefix_hit_tokens += cached
+            g.prefix_query_tokens += target if g.block_hashes else 0
+            self.prefix_hit_tokens += cached
+            self.prefix_query_tokens += target if g.block_hashes else 0
+            self.running[g.request_id] = g
+            self.prefilling[g.request_id] = g
+            self._prefill_owner[seq] = g
+            self.newly_admitted.append(g)
+            self._num_running_seqs += k
+            self._prefill_written += cached
+            chunks.append(self._chunk(g, n))
+            budget -= n
+        return budget
+
+    def _swap_in(self, d: int) -> None:
+        cfg, alloc = self.config, self.alloc
+        while self.swapped:
+            g = self.swapped[0]
+            k = len(g.seq_ids)
+            if self._num_running_seqs + k > cfg.max_num_seqs:
+                return
+            length = g.swapped_len
+            seqs: list[int] = []
+            for _ in range(k):  # grow-before-write: room for this step's token too
+                s = self._new_seq_id()
+                if alloc.allocate(s, length + 1, g.final_tokens) is None:
+                    break
+                seqs.append(s)
+            if len(seqs) < k:
+                for s in seqs:
+                    alloc.free(s)
+                if not self.running:  # it cannot fit even alone (sharing is lost on swap): restart
+                    self.swapped.popleft()
+                    self._swap_used_tokens -= self._swap_tokens(length, k)
+                    g.status = Status.WAITING
+                    g.num_prefill_target = g.request.prompt_tokens
+                    g.seq_ids = []
+                    self.waiting.appendleft(g)
+                    continue
+                return
+            self.swapped.popleft()
+            self._swap_used_tokens -= self._swap_tokens(length, k)
+            self._swap_in_tokens += self._swap_tokens(length, k)
+            g.seq_ids = seqs
+            self.running[g.request_id] = g
+            self._num_running_seqs += k
+            self._start_decode(g, length, d)
+
+    # ------------------------------------------------------------------ growth and preemption
+    def _grow(self, g: Group, d: int) -> None:
+        """Grow-before-write for every sequence of a decoding group that needs it at step ``d``."""
+        alloc = self.alloc
+        length = g.kv_len(d)
+        for s in g.seq_ids:
+            if alloc.tokens_until_append(s, length) > 0:
+                continue
+            while (r := alloc.append(s, length + 1)) is None:
+                if not self._preempt_newest(g):
+                    return  # g itself was preempted
+            self._copies.extend(r.copies)
+            self._copy_tokens += r.num_copied_tokens
+        self._schedule_grow(g, d, length)
+
+    def _grow_prefill(self, g: Group, num_tokens: int) -> bool:
+        """Room for the next prompt chunk; False if ``g`` had to be preempted itself."""
+        s = g.seq_ids[0]
+        while self.alloc.append(s, num_tokens) is None:
+            if not self._preempt_newest(g):
+                return False
+        return True
+
+    def _preempt_newest(self, needy: Group) -> bool:
+        """Preempt the most recently admitted running group; False if that is ``needy`` itself."""
+        victim = next(reversed(self.running.values()))
+        self._preempt(victim)
+        return victim is not needy
+
+    def _preempt(self, g: Group) -> None:
+        cfg, alloc = self.config, self.alloc
+        d = self.decode_counter
+        del self.running[g.request_id]
+        k = g.num_seqs
+        self._num_running_seqs -= k
+        g.epoch += 1
+        g.num_preemptions += 1
+        self.num_preemptions += 1
+        self._preempted.append(g.request_id)
+        if g.status is Status.PREFILLING:
+            del self.prefilling[g.request_id]
+            del self._prefill_owner[g.seq_ids[0]]
+            self._prefill_written -= g.num_computed
+            length = -1
+        else:
+            length = g.kv_len(d)
+            self._leave_decode(g, length)
+        for s in g.seq_ids:
+            alloc.free(s)
+        # vLLM's rule: a multi-sequence group is swapped (its samples cannot be recomputed cheaply)
+        want_swap = length >= 0 and (cfg.preemption_mode == "swap" or k > 1)
+        need = self._swap_tokens(length, k) if length >= 0 else 0
+        if want_swap and need <= cfg.swap_space_tokens - self._swap_used_tokens:
+            g.status = Status.SWAPPED
+            g.swapped_len = length
+            g.num_swaps += 1
+            self.num_swaps += 1
+            self._swap_used_tokens += need
+            self._swap_out_tokens += need
+            self.swapped.append(g)
+            return
+        g.status = Status.WAITING
+        if length >= 0 and k == 1:
+            g.num_prefill_target = length + 1  # prompt + every generated token: recompute them
+        elif length >= 0:
+            g.num_prefill_target = g.request.prompt_tokens  # samples restart from the prompt
+        g.num_computed = 0
+        g.seq_ids = []
+        self.waiting.appendleft(g)
+
+    def _swap_tokens(self, length: int, k: int) -> int:
+        bs = self.config.block_size
+        return k * -(-length // bs) * bs
+
+    # ------------------------------------------------------------------ decode bookkeeping
+    def _start_decode(self, g: Group, length: int, d: int) -> None:
+        k = len(g.seq_ids)
+        g.status = Status.DECODING
+        g.anchor_len, g.anchor_counter = length, d
+        self.decoding[g.request_id] = g
+        self._n_dec += k
+        self._s1 += k * length
+        self._s2 += k * length * length
+        heapq.heappush(self._max_heap, (d - length, g.request_id, g.epoch, g))
+        end = d + g.final_tokens - length  # counter after the step that writes the last token
+        self._finishes.setdefault(end, []).append((g, g.epoch))
+        if g.request.beam_width > 1 and d + self.config.block_size < end:
+            self._events.setdefault(d + self.config.block_size, []).append((_BEAM, g, g.epoch, 0))
+        self._schedule_grow(g, d, length)
+
+    def _leave_decode(self, g: Group, length: int) -> None:
+        k = len(g.seq_ids)
+        del self.decoding[g.request_id]
+        self._n_dec -= k
+        self._s1 -= k * length
+        self._s2 -= k * length * length
+
+    def _schedule_grow(self, g: Group, d: int, length: int) -> None:
+        """One pending growth event per group: a newer one (after a beam fork) voids the older."""
+        seqs, until = g.seq_ids, self.alloc.tokens_until_append
+        room = until(seqs[0], length) if len(seqs) == 1 else min(until(s, length) for s in seqs)
+        due = d + room
+        g.grow_token += 1
+        if due < g.anchor_counter + g.final_tokens - g.anchor_len:  # only if it still writes then
+            self._events.setdefault(due, []).append((_GROW, g, g.epoch, g.grow_token))
+
+    def _reshuffle_beams(self, g: Group, d: int) -> None:
+        """Beam search, statistically: at each block boundary some beams lose to others. A dead
+        beam frees its KV; its replacement forks a surviving beam (sharing its blocks, COW on the
+        next write). At least one beam survives."""
+        rng, alloc = self._rng, self.alloc
+        length = g.kv_len(d)
+        k = len(g.seq_ids)
+        dead = [i for i in range(k) if rng.random() < self.config.beam_replace_prob]
+        if len(dead) == k:
+            dead.remove(rng.randrange(k))
+        alive = [i for i in range(k) if i not in dead]
+        for i in dead:
+            donor = g.seq_ids[rng.choice(alive)]
+            alloc.free(g.seq_ids[i])
+            child = self._new_seq_id()
+            r = alloc.fork(donor, child, length)
+            assert r is not None, "a freed region of the same size always fits a fork"
+            self._copy_tokens += r.num_copied_tokens
+            g.seq_ids[i] = child
+        end = g.anchor_counter + g.final_tokens - g.anchor_len
+        if d + self.config.block_size < end:
+            self._events.setdefault(d + self.config.block_size, []).append((_BEAM, g, g.epoch, 0))
+
+    def _max_context(self, d: int) -> int:
+        heap = self._max_heap
+        while heap:
+            key, _, epoch, g = heap[0]
+            if g.epoch == epoch and g.status is Status.DECODING:
+                return d - key
+            heapq.heappop(heap)
+        return 0
+
+    def _new_seq_id(self) -> int:
+        self._next_seq_id += 1
+        return self._next_seq_id - 1
+
+    # ------------------------------------------------------------------ plan
+    def _plan(self, d: int, chunks: list[PrefillChunk]) -> StepPlan:
+        n, s1, s2 = self._n_dec, self._s1, self._s2
+        bs = self.config.block_size
+        details = self._details(d, chunks) if self.detail else None
+        return StepPlan(
+            step_id=self.step_id,
+            prefills=tuple(chunks),
+            num_decode_seqs=n,
+            decode_context_tokens=s1 + n,
+            decode_context_sq=float(s2 + 2 * s1 + n),
+            decode_max_context=self._max_context(d) + 1 if n else 0,
+            num_swap_out_blocks=self._swap_out_tokens // bs,
+            num_swap_in_blocks=self._swap_in_tokens // bs,
+            cow_copies=tuple(self._copies),
+            num_copy_tokens=self._copy_tokens,
+            preempted=tuple(self._preempted),
+            details=details,
+        )
+
+    def _details(self, d: int, chunks: list[PrefillChunk]) -> tuple[SeqDetail, ...]:
+        alloc = self.alloc
+        out = []
+        for c in chunks:
+            out.append(
+                SeqDetail(
+                    c.seq_id, c.num_computed_tokens, c.num_tokens, c.context_tokens,
+                    alloc.block_table(c.seq_id),
+                    tuple(alloc.slot_mapping(c.seq_id, c.num_computed_tokens, c.num_tokens)),
+                )
+            )
+        for g in self.decoding.values():
+            length = g.kv_len(d)
+            for s in g.seq_ids:
+                out.append(
+                    SeqDetail(s, length, 1, length + 1, alloc.block_table(s),
+                              tuple(alloc.slot_mapping(s, length, 1)))
+                )
+        return tuple(out)
+
+    # ------------------------------------------------------------------ complete
+    def complete(self, plan: StepPlan) -> StepOutcome:
+        """Apply a step the executor has run: advance prefills and decodes, emit, fork, free."""
+        assert plan.step_id == self.step_id, "complete() must follow its own schedule()"
+        self.step_id += 1
+        n = self._n_dec
+        self._s2 += 2 * self._s1 + n
+        self._s1 += n
+        self.decode_counter += 1
+        d = self.decode_counter
+        first: list[Group] = []
+        finished: list[Group] = []
+        for c in plan.prefills:
+            g = self._prefill_owner[c.seq_id]
+            g.num_computed += c.num_tokens
+            self._prefill_written += c.num_tokens
+            if g.num_computed < g.num_prefill_target:
+                continue
+            del self.prefilling[g.request_id]
+            del self._prefill_owner[c.seq_id]
+            self._prefill_written -= g.num_computed
+            length = g.num_prefill_target
+            if not g.first_token_emitted:
+                g.first_token_emitted = True
+                first.append(g)
+            if g.generated(length) >= g.request.output_tokens:
+                self._finish(g)
+                finished.append(g)
+                continue
+            self._fork_samples(g, length)
+            self._start_decode(g, length, d)
+        for g, epoch in self._finishes.pop(d, ()):
+            if g.epoch == epoch and g.status is Status.DECODING:
+                self._leave_decode(g, g.final_tokens)
+                self._finish(g)
+                finished.append(g)
+        if not first and not finished:
+            return _NOTHING
+        return StepOutcome(tuple(first), tuple(finished))
+
+    def _fork_samples(self, g: Group, length: int) -> None:
+        k = g.num_seqs
+        if k == 1:
+            return
+        alloc = self.alloc
+        parent = g.seq_ids[0]
+        if alloc.forks_share_memory:
+            for _ in range(k - 1):
+                child = self._new_seq_id()
+                alloc.fork(parent, child, length)
+                g.seq_ids.append(child)
+        else:  # regions were reserved at admission: copy the prompt's KV into them
+            for child in g.seq_ids[1:]:
+                alloc.append(child, length)
+                self._copy_tokens += length
+
+    def _finish(self, g: Group) -> None:
+        for s in g.seq_ids:
+            self.alloc.free(s)
+        del self.running[g.request_id]
+        self._num_running_seqs -= g.num_seqs
+        g.status = Status.FINISHED
+        self.num_finished += 1

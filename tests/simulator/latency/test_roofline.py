@@ -1,0 +1,178 @@
+"""Roofline step latency: analytic anchors (weights / bandwidth), monotonicity, TP and fp8."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.errors import KvplanError
+from simulator.kv.gpus import get_gpu
+from simulator.kv.models import get_model
+from simulator.latency.roofline import RooflineLatency
+from simulator.plan import PrefillChunk, StepPlan
+
+LLAMA = get_model("llama-3.1-8b")
+H100 = get_gpu("h100")
+
+
+def decode(num_seqs: int, context_tokens: int, **extra: object) -> StepPlan:
+    """``num_seqs`` decoding sequences of ``context_tokens`` each."""
+    return StepPlan(step_id=0, prefills=(), num_decode_seqs=num_seqs,
+                    decode_context_tokens=num_seqs * context_tokens,
+                    decode_context_sq=float(num_seqs * context_tokens**2),
+                    decode_max_context=context_tokens if num_seqs else 0, **extra)  # type: ignore[arg-type]
+
+
+def prefill(num_tokens: int, num_computed_tokens: int = 0) -> StepPlan:
+    chunk = PrefillChunk(seq_id=1, num_tokens=num_tokens, num_computed_tokens=num_computed_tokens,
+                         samples_token=True)
+    return StepPlan(step_id=0, prefills=(chunk,), num_decode_seqs=0, decode_context_tokens=0,
+                    decode_context_sq=0.0, decode_max_context=0)
+
+
+def test_decode_batch_1_is_weights_over_bandwidth() -> None:
+    model = RooflineLatency(LLAMA, H100)
+    cost = model.step_cost(decode(1, 1))
+    # The embedding table is gathered, not streamed: weights read = everything but it.
+    assert cost.weight_bytes == 2 * (LLAMA.num_params - 128_256 * 4096)
+    assert not cost.compute_bound
+    expected = cost.bytes_moved / (3.35e12 * 0.8) + 0.003
+    assert model.step_latency_s(decode(1, 1)) == pytest.approx(expected)
+    assert 8e-3 < expected < 10e-3  # ≈ 16 GB / (3.35 TB/s × 0.8) + 3 ms
+
+
+def test_prefill_of_4096_tokens_is_compute_bound() -> None:
+    cost = RooflineLatency(LLAMA, H100).step_cost(prefill(4096))
+    assert cost.compute_bound
+    assert cost.compute_s > 10 * cost.memory_s
+
+
+def test_flops_formula_on_tiny() -> None:
+    tiny = get_model("tiny")
+    model = RooflineLatency(tiny, H100)
+    plan = prefill(10, num_computed_tokens=6)
+    pairs = 10 * 6 + 10 * 11 // 2
+    body = tiny.dense_body_params
+    expected = 2 * body * 10 + 2 * tiny.lm_head_params * 1 + 4 * pairs * 4 * 32 * 2
+    assert model.step_cost(plan).flops == expected
+    assert model.peak_flops == H100.dense_bf16_flops / 2  # fp32 runs as TF32
+
+
+@pytest.mark.parametrize("context", [128, 4096])
+def test_monotonic_in_batch(context: int) -> None:
+    model = RooflineLatency(LLAMA, H100)
+    times = [model.step_latency_s(decode(b, context)) for b in (1, 2, 8, 32, 128, 512)]
+    assert times == sorted(times) and times[-1] > times[0]
+
+
+def test_monotonic_in_context() -> None:
+    model = RooflineLatency(LLAMA, H100)
+    times = [model.step_latency_s(decode(64, c)) for c in (16, 256, 2048, 16384, 131072)]
+    assert times == sorted(times) and times[-1] > times[0]
+    prefill_times = [model.step_latency_s(prefill(512, c)) for c in (0, 1024, 8192)]
+    assert prefill_times == sorted(prefill_times)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 256), st.integers(1, 8192), st.integers(0, 2048), st.integers(0, 4096))
+def test_more_work_never_takes_less_time(seqs: int, context: int, chunk: int, done: int) -> None:
+    model = RooflineLatency(LLAMA, H100)
+    chunks = (PrefillChunk(7, chunk, done, False),) if chunk else ()
+    base = StepPlan(0, chunks, seqs, seqs * context, float(seqs * context**2), context)
+    more = StepPlan(0, chunks, seqs + 1, (seqs + 1) * context,
+                    float((seqs + 1) * context**2), context)
+    assert model.step_latency_s(more) >= model.step_latency_s(base) > 0
+
+
+def test_tp2_halves_the_memory_term() -> None:
+    plan = decode(16, 2048)
+    one = RooflineLatency(LLAMA, H100).step_cost(plan)
+    two = RooflineLatency(LLAMA, H100, tp=2).step_cost(plan)
+    assert two.memory_s == pytest.approx(one.memory_s / 2)
+    assert two.compute_s == pytest.approx(one.compute_s / 2)
+    # two all-reduces per layer of 16 tokens × 4096 × 2 bytes, ring factor 2(2-1)/2 = 1
+    assert two.allreduce_s == pytest.approx(2 * 32 * (16 * 4096 * 2) / H100.interconnect_bandwidth_bytes_s)
+    assert one.allreduce_s == 0
+
+
+def test_fp8_kv_reduces_the_kv_term() -> None:
+    plan = decode(64, 8192)
+    bf16 = RooflineLatency(LLAMA, H100).step_cost(plan)
+    fp8 = RooflineLatency(LLAMA, H100, kv_cache_dtype="fp8").step_cost(plan)
+    assert fp8.kv_read_bytes == bf16.kv_read_bytes / 2
+    assert fp8.kv_write_bytes == bf16.kv_write_bytes / 2
+    assert fp8.weight_bytes == bf16.weight_bytes
+    assert fp8.memory_s < bf16.memory_s
+
+
+def test_empty_plan_costs_nothing() -> None:
+    assert RooflineLatency(LLAMA, H100).step_latency_s(decode(0, 0)) == 0.0
+
+
+def test_swaps_and_copies_cost_block_transfers() -> None:
+    model = RooflineLatency(LLAMA, H100)
+    block_bytes = 16 * 131_072
+    base = model.step_latency_s(decode(4, 100))
+    swapped = model.step_latency_s(decode(4, 100, num_swap_out_blocks=6, num_swap_in_blocks=4))
+    assert swapped - base == pytest.approx(10 * block_bytes / H100.pcie_bandwidth_bytes_s)
+    copied = model.step_latency_s(decode(4, 100, cow_copies=((1, 2), (3, 4))))
+    assert copied - base == pytest.approx(2 * 2 * block_bytes / (3.35e12 * 0.8))
+    only_swap = model.step_latency_s(decode(0, 0, num_swap_out_blocks=1))
+    assert only_swap == pytest.approx(block_bytes / H100.pcie_bandwidth_bytes_s)
+
+
+def test_moe_reads_only_the_experts_it_routes_to() -> None:
+    ds = get_model("deepseek-v3")
+    model = RooflineLatency(ds, get_gpu("h200"), tp=8)
+    one = model.step_cost(decode(1, 1000))
+    expert_bytes = ds.routed_expert_params * 1 / 8  # fp8 weights, 8 ranks
+    dense_bytes = (ds.dense_body_params + ds.lm_head_params) / 8
+    assert one.weight_bytes == pytest.approx(dense_bytes + 58 * 8 * expert_bytes)
+    many = model.step_cost(decode(512, 1000))
+    assert many.weight_bytes > one.weight_bytes
+    assert many.weight_bytes <= dense_bytes + 58 * 256 * expert_bytes
+    assert model.peak_flops == get_gpu("h200").dense_fp8_flops
+
+
+def test_fp8_weights_need_fp8_tensor_cores() -> None:
+    assert RooflineLatency(LLAMA, H100, weight_dtype="fp8").peak_flops == H100.dense_fp8_flops
+    a100 = get_gpu("a100")
+    assert RooflineLatency(LLAMA, a100, weight_dtype="fp8").peak_flops == a100.dense_bf16_flops
+
+
+def test_describe_is_json() -> None:
+    info = RooflineLatency(LLAMA, H100, tp=2).describe()
+    json.dumps(info)
+    assert info["latency_model"] == "roofline" and info["tp"] == 2
+    assert info["bytes_per_token"] == 65_536
+    assert info["mem_efficiency"] == 0.8 and info["step_overhead_s"] == 0.003
+
+
+@pytest.mark.parametrize("kwargs", [{"mem_efficiency": 0.0}, {"flops_efficiency": 1.5},
+                                    {"step_overhead_s": -1.0}, {"tp": 3}, {"block_size": 0},
+                                    {"kv_cache_dtype": "fp9"}, {"weight_dtype": "fp7"}])
+def test_bad_parameters(kwargs: dict[str, object]) -> None:
+    with pytest.raises(KvplanError):
+        RooflineLatency(LLAMA, H100, **kwargs)  # type: ignore[arg-type]
+
+
+def test_fast_path_equals_the_full_formula():
+    """step_latency_s has an inlined decode path; it must give exactly step_cost().total_s."""
+    import random
+
+    from simulator.kv.gpus import get_gpu
+    from simulator.kv.models import get_model
+    from simulator.latency.roofline import RooflineLatency
+    from simulator.plan import StepPlan
+
+    rng = random.Random(0)
+    for model in ("llama-3.1-8b", "qwen2.5-7b", "tiny"):
+        lat = RooflineLatency(get_model(model), get_gpu("h100-80gb"))
+        for _ in range(200):
+            n = rng.randint(1, 512)
+            ctx = n * rng.randint(1, 8000)
+            plan = StepPlan(0, (), n, ctx, float(ctx * ctx), ctx)
+            assert lat.step_latency_s(plan) == lat.step_cost(plan).total_s

@@ -1,0 +1,438 @@
+"""The ``workload:`` section of a scenario: a validated spec and the requests it describes.
+
+A workload is a real trace (a file, or ``bundled:NAME``) or synthetic (an arrival process and
+two length distributions). Either may then be reshaped::
+
+    workload:
+      trace: bundled:azure-conv   # or a path relative to the scenario file; omit for synthetic
+      rate: 8.0                   # rescale to this mean req/s (or rate_scale: 2.0)
+      start_s: 0                  # keep [start_s, start_s + duration_s) of the rescaled trace,
+      duration_s: 600             #   then the first num_requests of those
+      num_requests: 2000
+      n: 1                        # parallel samples per request
+      beam_width: 1
+
+Rate rescaling comes first, so ``start_s``/``duration_s`` are seconds of the workload that is
+simulated. Synthetic workloads draw each ingredient (arrivals, prompt lengths, output lengths,
+prefix groups) from its own stream of the seed, so changing one leaves the others unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import types
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from simulator.errors import KvplanError, did_you_mean
+from workloads import synthetic
+from workloads.loaders import MAX_TOKENS, TraceFormat, bundled_trace_path, load_trace
+from workloads.request import Request
+
+log = logging.getLogger(__name__)
+
+Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+PositiveReal = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeReal = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Clipped(_Spec):
+    min: Tokens = 1
+    max: Tokens | None = None
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> _Clipped:
+        if self.max is not None and self.max < self.min:
+            raise ValueError(f"max {self.max} is below min {self.min}")
+        return self
+
+
+class FixedLengths(_Spec):
+    dist: Literal["fixed"]
+    value: Tokens
+
+
+class UniformLengths(_Spec):
+    """Integers uniform in [low, high], both included."""
+
+    dist: Literal["uniform"]
+    low: Tokens
+    high: Tokens
+
+    @model_validator(mode="after")
+    def _range_ordered(self) -> UniformLengths:
+        if self.high < self.low:
+            raise ValueError(f"high {self.high} is below low {self.low}")
+        return self
+
+
+class LognormalLengths(_Clipped):
+    """Lognormal with this mean and one percentile (p50, p90, p95 or p99), then clipped."""
+
+    dist: Literal["lognormal"]
+    mean: PositiveReal
+    p50: PositiveReal | None = None
+    p90: PositiveReal | None = None
+    p95: PositiveReal | None = None
+    p99: PositiveReal | None = None
+
+    @property
+    def percentile(self) -> tuple[float, float]:
+        """``(percentile, value)`` of the one percentile given."""
+        given = [(float(k[1:]), v) for k in ("p50", "p90", "p95", "p99")
+                 if (v := getattr(self, k)) is not None]
+        return given[0]
+
+    @model_validator(mode="after")
+    def _fits(self) -> LognormalLengths:
+        given = [k for k in ("p50", "p90", "p95", "p99") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of p50, p90, p95, p99 (got {len(given)})")
+        percentile, value = self.percentile
+        try:
+            synthetic.lognormal_params(self.mean, value, percentile)
+        except KvplanError as err:
+            raise ValueError(str(err)) from None
+        return self
+
+
+class EmpiricalLengths(_Clipped):
+    """Resampled from a trace's prompt (for prompt_tokens) or output (for output_tokens) lengths."""
+
+    dist: Literal["empirical"]
+    trace: str
+    format: TraceFormat = "auto"
+
+
+LengthSpec = Annotated[
+    Union[FixedLengths, UniformLengths, LognormalLengths, EmpiricalLengths],
+    Field(discriminator="dist"),
+]
+
+
+class PoissonArrivals(_Spec):
+    process: Literal["poisson"]
+    rate: PositiveReal | None = None  # req/s; the workload's `rate` overrides it
+
+
+class GammaArrivals(_Spec):
+    process: Literal["gamma"]
+    rate: PositiveReal | None = None
+    cv: PositiveReal  # coefficient of variation of the gaps: 1 = Poisson-like, > 1 bursty
+
+
+class ConstantArrivals(_Spec):
+    process: Literal["constant"]
+    rate: PositiveReal | None = None
+
+
+ArrivalSpec = Annotated[
+    Union[PoissonArrivals, GammaArrivals, ConstantArrivals], Field(discriminator="process")
+]
+
+
+class SharedPrefixSpec(_Spec):
+    groups: Annotated[int, Field(ge=1)]
+    prefix_tokens: Tokens
+    popularity: synthetic.Popularity = "uniform"
+    zipf_s: PositiveReal = 1.0  # Zipf exponent: group g has weight 1/(g+1)^zipf_s
+    block_tokens: Tokens = 16  # granularity of the prefix ids
+
+    @model_validator(mode="after")
+    def _one_block(self) -> SharedPrefixSpec:
+        if self.prefix_tokens < self.block_tokens:
+            raise ValueError(
+                f"prefix_tokens {self.prefix_tokens} is shorter than one block of "
+                f"{self.block_tokens} tokens: nothing could be shared"
+            )
+        return self
+
+
+class ColumnsSpec(_Spec):
+    """Column names of a generic CSV/JSONL trace."""
+
+    arrival: str = "arrival_s"
+    prompt: str = "prompt_tokens"
+    output: str = "output_tokens"
+    time_unit: Literal["s", "ms", "us"] = "s"
+
+
+_SYNTHETIC_KEYS = ("arrival", "prompt_tokens", "output_tokens", "shared_prefix")
+_TRACE_KEYS = ("format", "model", "columns", "start_s")
+
+
+class WorkloadSpec(_Spec):
+    """The ``workload:`` section of a scenario (see the module docstring)."""
+
+    trace: str | None = None  # a path (relative to the scenario file) or bundled:NAME
+    format: TraceFormat = "auto"
+    model: str | None = None  # BurstGPT: keep only this model's rows
+    columns: ColumnsSpec | None = None  # generic csv/jsonl traces
+    num_requests: Annotated[int, Field(ge=1)] | None = None
+    start_s: NonNegativeReal | None = None
+    duration_s: PositiveReal | None = None
+    rate: PositiveReal | None = None
+    rate_scale: PositiveReal | None = None
+    arrival: ArrivalSpec | None = None
+    prompt_tokens: LengthSpec | None = None
+    output_tokens: LengthSpec | None = None
+    shared_prefix: SharedPrefixSpec | None = None
+    n: Annotated[int, Field(ge=1)] = 1
+    beam_width: Annotated[int, Field(ge=1)] = 1
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkloadSpec:
+        if self.rate is not None and self.rate_scale is not None:
+            raise ValueError("give rate or rate_scale, not both")
+        if self.trace is not None:
+            for key in _SYNTHETIC_KEYS:
+                if getattr(self, key) is not None:
+                    raise ValueError(f"'{key}' is for synthetic workloads; a trace brings its own")
+            return self
+        for key in _TRACE_KEYS:
+            if key in self.model_fields_set:
+                raise ValueError(f"'{key}' applies to a trace; this workload is synthetic")
+        for key in ("arrival", "prompt_tokens", "output_tokens"):
+            if getattr(self, key) is None:
+                raise ValueError(f"a synthetic workload needs '{key}' (or give a 'trace')")
+        assert self.arrival is not None
+        if self.rate is None and self.arrival.rate is None:
+            raise ValueError("a synthetic workload needs a rate (arrival.rate or rate)")
+        if self.num_requests is None and self.duration_s is None:
+            raise ValueError("a synthetic workload needs num_requests or duration_s")
+        return self
+
+
+# --- building requests --------------------------------------------------------------------
+
+
+def resolve_trace_path(trace: str, base_dir: Path) -> Path:
+    """``bundled:NAME`` -> the shipped file; a relative path is taken from ``base_dir``."""
+    if trace.startswith("bundled:"):
+        return bundled_trace_path(trace.removeprefix("bundled:"))
+    path = Path(trace).expanduser()
+    path = path if path.is_absolute() else base_dir / path
+    if not path.is_file():
+        raise KvplanError(f"trace file '{trace}' not found (looked for {path})")
+    return path
+
+
+def _trace_options(spec: WorkloadSpec) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if spec.model is not None:
+        options["model"] = spec.model
+    if spec.columns is not None:
+        options.update(spec.columns.model_dump())
+    return options
+
+
+def _lengths(
+    spec: FixedLengths | UniformLengths | LognormalLengths | EmpiricalLengths, num: int,
+    rng: np.random.Generator, column: Literal["prompt", "output"], base_dir: Path,
+) -> synthetic.IntArray:
+    if isinstance(spec, FixedLengths):
+        return synthetic.fixed_lengths(num, spec.value)
+    if isinstance(spec, UniformLengths):
+        return synthetic.uniform_lengths(num, spec.low, spec.high, rng)
+    if isinstance(spec, LognormalLengths):
+        percentile, value = spec.percentile
+        drawn = synthetic.lognormal_lengths(num, spec.mean, value, percentile, rng)
+    else:
+        trace = load_trace(resolve_trace_path(spec.trace, base_dir), spec.format)
+        values = [r.prompt_tokens if column == "prompt" else r.output_tokens for r in trace]
+        drawn = synthetic.empirical_lengths(num, values, rng)
+    return synthetic.clip_lengths(drawn, spec.min, spec.max)
+
+
+def _synthesize(spec: WorkloadSpec, seed: int, base_dir: Path) -> list[Request]:
+    assert spec.arrival and spec.prompt_tokens and spec.output_tokens
+    arrival_rng, prompt_rng, output_rng, group_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
+    )
+    rate = spec.rate if spec.rate is not None else spec.arrival.rate
+    assert rate is not None
+    arrivals = synthetic.arrival_times_s(
+        spec.arrival.process, rate * (spec.rate_scale or 1.0), arrival_rng,
+        cv=getattr(spec.arrival, "cv", 1.0), num_requests=spec.num_requests,
+        duration_s=spec.duration_s,
+    )
+    num = len(arrivals)
+    prompts = _lengths(spec.prompt_tokens, num, prompt_rng, "prompt", base_dir)
+    outputs = _lengths(spec.output_tokens, num, output_rng, "output", base_dir)
+    prefix: synthetic.SharedPrefix | None = None
+    groups = None
+    if spec.shared_prefix is not None:
+        sp = spec.shared_prefix
+        prefix = synthetic.SharedPrefix(sp.groups, sp.prefix_tokens, sp.popularity, sp.zipf_s,
+                                        sp.block_tokens)
+        groups = prefix.sample_groups(num, group_rng)
+    return synthetic.make_requests(arrivals, prompts, outputs, n=spec.n,
+                                   beam_width=spec.beam_width, groups=groups, shared_prefix=prefix)
+
+
+def _from_trace(spec: WorkloadSpec, base_dir: Path) -> list[Request]:
+    assert spec.trace is not None
+    requests = load_trace(resolve_trace_path(spec.trace, base_dir), spec.format,
+                          **_trace_options(spec))
+    if spec.rate is not None:
+        requests = synthetic.rescale_to_rate(requests, spec.rate)
+    elif spec.rate_scale is not None:
+        requests = synthetic.scale_rate(requests, spec.rate_scale)
+    if spec.start_s is not None or spec.duration_s is not None or spec.num_requests is not None:
+        requests = synthetic.slice_requests(requests, start_s=spec.start_s,
+                                            duration_s=spec.duration_s,
+                                            num_requests=spec.num_requests)
+    if spec.n != 1 or spec.beam_width != 1:
+        requests = [Request(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens, spec.n,
+                            spec.beam_width, r.prefix_ids, r.prefix_block_tokens)
+                    for r in requests]
+    return requests
+
+
+def build_requests(
+    spec: WorkloadSpec, *, seed: int, base_dir: Path, max_model_len: int | None = None
+) -> list[Request]:
+    """The requests ``spec`` describes: numbered 0..N-1, sorted by arrival, first at 0.0.
+
+    ``seed`` makes synthetic workloads reproducible (a trace ignores it). ``base_dir`` anchors
+    relative trace paths (the scenario file's folder). With ``max_model_len``, prompts that
+    leave no room for an output token are dropped and outputs cut at the window, as vLLM
+    does; counts are logged as a warning. Bad input -> KvplanError prefixed ``workload``.
+    """
+    try:
+        if spec.trace is not None:
+            requests = _from_trace(spec, base_dir)
+        else:
+            requests = _synthesize(spec, seed, base_dir)
+        if max_model_len is not None:
+            fit = synthetic.fit_to_max_model_len(requests, max_model_len)
+            if fit.num_dropped or fit.num_truncated:
+                log.warning(
+                    "workload: max_model_len %d drops %d requests whose prompt does not fit "
+                    "and cuts the output of %d", max_model_len, fit.num_dropped, fit.num_truncated,
+                )
+            requests = fit.requests
+    except KvplanError as err:
+        raise KvplanError(f"workload: {err}") from None
+    return requests
+
+
+# --- readable validation errors -----------------------------------------------------------
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The types a field may hold: Optional, Union and Annotated flattened."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _members(get_args(annotation)[0])
+    if origin is Union or origin is types.UnionType:
+        return [t for arg in get_args(annotation) for t in _members(arg)]
+    return [annotation]
+
+
+def _is_model(t: Any) -> bool:
+    return isinstance(t, type) and issubclass(t, BaseModel)
+
+
+def _branch_labels(model: type[BaseModel]) -> set[object]:
+    """What pydantic puts in an error's loc to name a union branch: tag values or the class."""
+    labels: set[object] = {model.__name__}
+    for field in model.model_fields.values():
+        if get_origin(field.annotation) is Literal:
+            labels.update(get_args(field.annotation))
+    return labels
+
+
+def _walk_loc(
+    model: type[BaseModel], loc: Sequence[int | str]
+) -> tuple[list[str], type[BaseModel] | None]:
+    """Follow an error's loc through the model's fields: the path to show (union branch labels
+    left out) and the model that owns the last key (None when unknown)."""
+    shown: list[str] = []
+    current: list[Any] = [model]
+    owner: type[BaseModel] | None = None
+    for item in loc:
+        models = [t for t in current if _is_model(t)]
+        if isinstance(item, int):
+            shown.append(f"[{item}]")
+            current = [m for t in current if get_origin(t) in (list, tuple, set, frozenset)
+                       for m in _members(get_args(t)[0])]
+            continue
+        fields = models[0].model_fields if len(models) == 1 else {}
+        if item not in fields:
+            branch = [m for m in models if item in _branch_labels(m)]
+            if branch:
+                current = branch[:1]
+                continue
+        shown.append(str(item))
+        owner = models[0] if len(models) == 1 else None
+        if item in fields:
+            current = _members(fields[item].annotation)
+        else:  # a dict key, or an unknown key
+            current = [m for t in current if get_origin(t) is dict
+                       for m in _members(get_args(t)[1])]
+    return shown, owner
+
+
+def _dotted(parts: Sequence[str]) -> str:
+    return "".join(p if p.startswith("[") or i == 0 else "." + p for i, p in enumerate(parts))
+
+
+def _quoted_choices(text: str) -> list[str]:
+    return re.findall(r"'([^']*)'", text)
+
+
+def format_validation_error(
+    err: ValidationError, where: str, *, model: type[BaseModel],
+    loc_prefix: Sequence[str] = (),
+) -> KvplanError:
+    """One line for the FIRST error of ``err``, raised validating ``model`` from file ``where``.
+
+    ``"chat.yaml: workload.prompt_tokens.mean: Input should be greater than 0"``, or for an
+    unknown key ``"chat.yaml: unknown key 'workload.num_request' — did you mean
+    'num_requests'?"`` (the suggestion comes from the fields valid at that level).
+    ``loc_prefix`` is prepended to the shown path, for a model validated on its own
+    (``("workload",)`` for a bare :class:`WorkloadSpec`).
+    """
+    first = err.errors()[0]
+    shown, owner = _walk_loc(model, first["loc"])
+    path = _dotted([*loc_prefix, *shown])
+    kind, message, ctx = first["type"], first["msg"], first.get("ctx", {})
+    given = first.get("input")
+    if kind == "extra_forbidden":
+        key = shown[-1] if shown else ""
+        names = [f.alias or n for n, f in owner.model_fields.items()] if owner else []
+        hint = did_you_mean(key, names) or (f" (known keys: {', '.join(names)})" if names else "")
+        return KvplanError(f"{where}: unknown key '{path}'{hint}")
+    if kind == "missing":
+        message = "missing required key"
+    elif kind == "union_tag_not_found":
+        message = f"missing key {ctx.get('discriminator', '')}"
+    elif kind == "union_tag_invalid":
+        tags = _quoted_choices(str(ctx.get("expected_tags", "")))
+        tag = str(ctx.get("tag", ""))
+        message = (f"unknown {str(ctx.get('discriminator', '')).strip(chr(39))} '{tag}'"
+                   + (did_you_mean(tag, tags) or f" (known: {', '.join(tags)})"))
+    elif kind == "literal_error" and isinstance(given, str):
+        message = f"{message} (got '{given}')" + did_you_mean(given, _quoted_choices(message))
+    for prefix in ("Value error, ", "Assertion failed, "):
+        message = message.removeprefix(prefix)
+    return KvplanError(f"{where}: {path}: {message}" if path else f"{where}: {message}")
+
+
+def parse_workload(data: object, where: str) -> WorkloadSpec:
+    """Validate a ``workload:`` mapping read from file ``where``; errors -> one-line KvplanError."""
+    try:
+        return WorkloadSpec.model_validate(data)
+    except ValidationError as err:
+        raise format_validation_error(err, where, model=WorkloadSpec,
+                                      loc_prefix=("workload",)) from None

@@ -1,0 +1,323 @@
+"""Synthetic workloads and transformations of request lists.
+
+Generators draw from a caller-supplied ``numpy.random.Generator`` (same seed -> identical
+requests) and work on whole arrays, so 10^6 requests take seconds, most of it building the
+``Request`` objects. The pieces:
+
+* arrivals: Poisson, gamma (burstiness set by the coefficient of variation of the gaps),
+  constant rate; the first request arrives at 0.0 like a loaded trace's;
+* lengths: fixed, uniform, lognormal fitted to a mean and a percentile, empirical (resampled
+  from a trace), each clipped to ``[min_tokens, max_tokens]``;
+* shared-prefix groups (system prompts, few-shot templates) with uniform or Zipf popularity;
+* list transformations: :func:`scale_rate`, :func:`rescale_to_rate`, :func:`slice_requests`.
+  Their results are numbered 0..N-1 again and start at 0.0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from simulator.errors import KvplanError
+from workloads.request import Request
+
+ArrivalProcess = Literal["poisson", "gamma", "constant"]
+Popularity = Literal["uniform", "zipf"]
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+# --- arrivals -----------------------------------------------------------------------------
+
+
+def interarrival_s(
+    process: ArrivalProcess, rate_per_s: float, num_gaps: int, rng: np.random.Generator,
+    *, cv: float = 1.0,
+) -> FloatArray:
+    """``num_gaps`` gaps between arrivals, with mean ``1 / rate_per_s``.
+
+    poisson: exponential gaps (CV 1). gamma: shape ``1/cv²``, scale ``cv²/rate``, so the mean
+    is ``1/rate`` and the gaps' coefficient of variation is ``cv`` (> 1 = bursty). constant:
+    every gap is ``1/rate`` (``cv`` is ignored).
+    """
+    if not (rate_per_s > 0 and math.isfinite(rate_per_s)):
+        raise KvplanError(f"arrival rate must be a positive number of requests/s (got {rate_per_s})")
+    if process == "poisson":
+        return rng.exponential(1.0 / rate_per_s, num_gaps)
+    if process == "gamma":
+        if not cv > 0:
+            raise KvplanError(f"gamma arrivals need cv > 0 (got {cv})")
+        shape = 1.0 / (cv * cv)
+        return rng.gamma(shape, 1.0 / (rate_per_s * shape), num_gaps)
+    if process == "constant":
+        return np.full(num_gaps, 1.0 / rate_per_s)
+    raise KvplanError(f"unknown arrival process '{process}' (known: poisson, gamma, constant)")
+
+
+def arrival_times_s(
+    process: ArrivalProcess, rate_per_s: float, rng: np.random.Generator, *, cv: float = 1.0,
+    num_requests: int | None = None, duration_s: float | None = None,
+) -> FloatArray:
+    """Sorted arrival times starting at 0.0: ``num_requests`` of them, or all before
+    ``duration_s``, or (both given) the first ``num_requests`` before ``duration_s``."""
+    if num_requests is None and duration_s is None:
+        raise KvplanError("synthetic arrivals need num_requests or duration_s")
+    if num_requests is not None and num_requests < 1:
+        raise KvplanError(f"num_requests must be at least 1 (got {num_requests})")
+    if duration_s is None:
+        assert num_requests is not None
+        gaps = interarrival_s(process, rate_per_s, num_requests - 1, rng, cv=cv)
+        return np.concatenate(([0.0], np.cumsum(gaps)))
+    if not duration_s > 0:
+        raise KvplanError(f"duration_s must be positive (got {duration_s})")
+    # Draw in chunks of about the expected count until the window is covered.
+    chunk = max(1024, int(1.2 * rate_per_s * duration_s))
+    parts: list[FloatArray] = [np.zeros(1)]
+    last_s, count = 0.0, 1
+    while last_s < duration_s and (num_requests is None or count < num_requests):
+        times = last_s + np.cumsum(interarrival_s(process, rate_per_s, chunk, rng, cv=cv))
+        parts.append(times)
+        last_s, count = float(times[-1]), count + chunk
+    arrivals = np.concatenate(parts)
+    arrivals = arrivals[arrivals < duration_s]
+    return arrivals if num_requests is None else arrivals[:num_requests]
+
+
+# --- lengths ------------------------------------------------------------------------------
+
+
+def fixed_lengths(num_requests: int, value_tokens: int) -> IntArray:
+    """Every request gets ``value_tokens``."""
+    return np.full(num_requests, value_tokens, dtype=np.int64)
+
+
+def uniform_lengths(
+    num_requests: int, low_tokens: int, high_tokens: int, rng: np.random.Generator
+) -> IntArray:
+    """Integers drawn uniformly from ``[low_tokens, high_tokens]`` (both included)."""
+    if low_tokens > high_tokens:
+        raise KvplanError(f"uniform lengths need low <= high (got {low_tokens} > {high_tokens})")
+    return rng.integers(low_tokens, high_tokens, num_requests, dtype=np.int64, endpoint=True)
+
+
+def lognormal_params(mean_tokens: float, quantile_tokens: float, percentile: float) -> tuple[float, float]:
+    """``(mu, sigma)`` of the lognormal ``exp(mu + sigma·Z)`` with the given mean and
+    ``percentile``-th percentile (e.g. mean 161, p99 = 1024).
+
+    With ``z = Φ⁻¹(percentile/100)``: mean ``m = exp(mu + sigma²/2)`` and quantile
+    ``q = exp(mu + z·sigma)``, so ``sigma²/2 − z·sigma + ln(q/m) = 0``, whose roots are
+    ``sigma = z ± sqrt(z² − 2·ln(q/m))``; then ``mu = ln m − sigma²/2``.
+    Above the median (z > 0) we need ``m < q <= m·exp(z²/2)`` (p99: up to 14.97·m) and take
+    the smaller root, the lighter tail (the larger one puts so much mass far out that the
+    mean exceeds most of the distribution). At or below the median (z <= 0) we need
+    ``q < m``, and only ``z + sqrt(...)`` is positive. Anything else -> KvplanError.
+    """
+    if not (mean_tokens > 0 and quantile_tokens > 0 and 0 < percentile < 100):
+        raise KvplanError(
+            f"lognormal needs mean > 0, a percentile value > 0 and 0 < percentile < 100 "
+            f"(got mean {mean_tokens}, p{percentile:g} {quantile_tokens})"
+        )
+    z = NormalDist().inv_cdf(percentile / 100.0)
+    log_ratio = math.log(quantile_tokens / mean_tokens)
+    label = f"lognormal p{percentile:g} {quantile_tokens:g}"
+    if z > 0:
+        upper = mean_tokens * math.exp(z * z / 2.0)
+        if not 0 < log_ratio <= z * z / 2.0:
+            raise KvplanError(
+                f"{label} must lie in ({mean_tokens:g}, {upper:.6g}] for mean {mean_tokens:g}"
+            )
+        sigma = z - math.sqrt(max(z * z - 2.0 * log_ratio, 0.0))
+    else:
+        if not log_ratio < 0:
+            raise KvplanError(f"{label} must be below the mean {mean_tokens:g}")
+        sigma = z + math.sqrt(z * z - 2.0 * log_ratio)
+    return math.log(mean_tokens) - sigma * sigma / 2.0, sigma
+
+
+def lognormal_lengths(
+    num_requests: int, mean_tokens: float, quantile_tokens: float, percentile: float,
+    rng: np.random.Generator,
+) -> IntArray:
+    """Lognormal lengths fitted by :func:`lognormal_params`, rounded to integers (before any
+    clipping, which moves the mean when it bites)."""
+    mu, sigma = lognormal_params(mean_tokens, quantile_tokens, percentile)
+    return np.rint(rng.lognormal(mu, sigma, num_requests)).astype(np.int64)
+
+
+def empirical_lengths(
+    num_requests: int, values_tokens: Sequence[int] | IntArray, rng: np.random.Generator
+) -> IntArray:
+    """Resample (with replacement) from observed lengths, e.g. a trace's prompt column."""
+    values = np.asarray(values_tokens, dtype=np.int64)
+    if values.size == 0:
+        raise KvplanError("empirical lengths need at least one observed value")
+    return rng.choice(values, num_requests)
+
+
+def clip_lengths(lengths: IntArray, min_tokens: int = 1, max_tokens: int | None = None) -> IntArray:
+    """Clip to ``[min_tokens, max_tokens]`` (no upper bound when ``max_tokens`` is None)."""
+    if max_tokens is not None and max_tokens < min_tokens:
+        raise KvplanError(f"length bounds need min <= max (got {min_tokens} > {max_tokens})")
+    return np.clip(lengths, min_tokens, max_tokens)
+
+
+# --- shared prefixes and requests ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SharedPrefix:
+    """``num_groups`` shared prompt prefixes (system prompts, few-shot templates) of
+    ``prefix_tokens`` each; a request joins group g with probability uniform or ∝ 1/(g+1)^s."""
+
+    num_groups: int
+    prefix_tokens: int
+    popularity: Popularity = "uniform"
+    zipf_exponent: float = 1.0
+    block_tokens: int = 16  # tokens named by one prefix id
+
+    @property
+    def num_prefix_blocks(self) -> int:
+        """Full blocks of the prefix: only those can be shared (the tail shares a block with
+        the request's own tokens)."""
+        return self.prefix_tokens // self.block_tokens
+
+    def group_probabilities(self) -> FloatArray:
+        if self.popularity == "uniform":
+            return np.full(self.num_groups, 1.0 / self.num_groups)
+        weights = 1.0 / np.arange(1, self.num_groups + 1, dtype=np.float64) ** self.zipf_exponent
+        return weights / weights.sum()
+
+    def group_prefix_ids(self, group: int) -> tuple[int, ...]:
+        """Ids unique to ``group``: group g owns ``[g·K, (g+1)·K)`` for K prefix blocks."""
+        first = group * self.num_prefix_blocks
+        return tuple(range(first, first + self.num_prefix_blocks))
+
+    def sample_groups(self, num_requests: int, rng: np.random.Generator) -> IntArray:
+        if self.num_groups < 1 or self.num_prefix_blocks < 1:
+            raise KvplanError(
+                f"shared prefix needs >= 1 group and prefix_tokens >= block_tokens "
+                f"(got {self.num_groups} groups of {self.prefix_tokens} tokens, "
+                f"blocks of {self.block_tokens})"
+            )
+        return rng.choice(self.num_groups, num_requests, p=self.group_probabilities())
+
+
+def make_requests(
+    arrivals_s: FloatArray, prompt_tokens: IntArray, output_tokens: IntArray, *, n: int = 1,
+    beam_width: int = 1, groups: IntArray | None = None, shared_prefix: SharedPrefix | None = None,
+) -> list[Request]:
+    """Requests 0..N-1 from parallel arrays. With ``shared_prefix`` and ``groups`` (one group
+    index per request), a request's prompt is its group's prefix plus its own tokens."""
+    if not len(arrivals_s) == len(prompt_tokens) == len(output_tokens):
+        raise ValueError("arrivals, prompt and output arrays differ in length")
+    num = len(arrivals_s)
+    prefixes: Sequence[tuple[int, ...]] = [()] * num
+    block_tokens = [0] * num
+    if shared_prefix is not None and groups is not None:
+        prompt_tokens = prompt_tokens + shared_prefix.prefix_tokens
+        by_group = [shared_prefix.group_prefix_ids(g) for g in range(shared_prefix.num_groups)]
+        prefixes = [by_group[g] for g in groups.tolist()]
+        block_tokens = [shared_prefix.block_tokens] * num
+    # map() over plain lists is the fastest way to build many slotted dataclasses.
+    return list(map(
+        Request, range(num), arrivals_s.tolist(), prompt_tokens.tolist(), output_tokens.tolist(),
+        [n] * num, [beam_width] * num, prefixes, block_tokens,
+    ))
+
+
+# --- transformations ----------------------------------------------------------------------
+
+
+def _renumbered(requests: Sequence[Request], time_factor: float = 1.0) -> list[Request]:
+    """Copies numbered 0..N-1, first arrival at 0.0, times multiplied by ``time_factor``."""
+    first_s = requests[0].arrival_s if requests else 0.0
+    return [
+        Request(i, (r.arrival_s - first_s) * time_factor, r.prompt_tokens, r.output_tokens,
+                r.n, r.beam_width, r.prefix_ids, r.prefix_block_tokens)
+        for i, r in enumerate(requests)
+    ]
+
+
+def mean_rate_per_s(requests: Sequence[Request]) -> float:
+    """Mean arrival rate: (N − 1) gaps over the span from first to last arrival."""
+    if len(requests) < 2 or requests[-1].arrival_s <= requests[0].arrival_s:
+        raise KvplanError(
+            f"cannot measure the arrival rate of {len(requests)} requests that arrive at one instant"
+        )
+    return (len(requests) - 1) / (requests[-1].arrival_s - requests[0].arrival_s)
+
+
+def scale_rate(requests: Sequence[Request], factor: float) -> list[Request]:
+    """Compress time by ``factor``: factor 2 = the same requests at twice the rate."""
+    if not (factor > 0 and math.isfinite(factor)):
+        raise KvplanError(f"rate scale factor must be a positive number (got {factor})")
+    return _renumbered(requests, 1.0 / factor)
+
+
+def rescale_to_rate(requests: Sequence[Request], rate_per_s: float) -> list[Request]:
+    """Compress or stretch time so that :func:`mean_rate_per_s` becomes ``rate_per_s``."""
+    if not (rate_per_s > 0 and math.isfinite(rate_per_s)):
+        raise KvplanError(f"rate must be a positive number of requests/s (got {rate_per_s})")
+    return scale_rate(requests, rate_per_s / mean_rate_per_s(requests))
+
+
+def slice_requests(
+    requests: Sequence[Request], *, start_s: float | None = None,
+    duration_s: float | None = None, num_requests: int | None = None,
+) -> list[Request]:
+    """The requests arriving in ``[start_s, start_s + duration_s)``, then the first
+    ``num_requests`` of those; renumbered from 0 and re-based so the first arrives at 0.0.
+    An empty result is an error (it is always a mistake in a scenario)."""
+    start = start_s or 0.0
+    end = math.inf if duration_s is None else start + duration_s
+    kept = [r for r in requests if start <= r.arrival_s < end]
+    if num_requests is not None:
+        kept = kept[:num_requests]
+    if not kept:
+        span = f"{requests[-1].arrival_s:.6g}" if requests else "0"
+        raise KvplanError(
+            f"no requests in the slice start_s={start:g}, duration_s={duration_s}, "
+            f"num_requests={num_requests} (the workload spans 0-{span} s)"
+        )
+    return _renumbered(kept)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLenFit:
+    """Requests fitted to a context window, and what fitting changed."""
+
+    requests: list[Request]
+    num_dropped: int  # prompt alone leaves no room for one output token
+    num_truncated: int  # output cut so that prompt + output fits
+
+
+def fit_to_max_model_len(requests: Sequence[Request], max_model_len: int) -> ModelLenFit:
+    """Apply a context window of ``max_model_len`` tokens the way vLLM does: a request whose
+    prompt leaves no room for an output token is rejected (dropped here), and generation stops
+    at the window (output cut to ``max_model_len − prompt``). Survivors are renumbered from 0;
+    if none survive -> KvplanError."""
+    if max_model_len < 2:
+        raise KvplanError(f"max_model_len must be at least 2 tokens (got {max_model_len})")
+    kept: list[Request] = []
+    num_truncated = 0
+    for r in requests:
+        room_tokens = max_model_len - r.prompt_tokens
+        if room_tokens < 1:
+            continue
+        if r.output_tokens > room_tokens:
+            num_truncated += 1
+            r = Request(r.request_id, r.arrival_s, r.prompt_tokens, room_tokens, r.n,
+                        r.beam_width, r.prefix_ids, r.prefix_block_tokens)
+        kept.append(r)
+    if not kept:
+        raise KvplanError(
+            f"every prompt of the workload is longer than max_model_len {max_model_len}"
+        )
+    num_dropped = len(requests) - len(kept)
+    return ModelLenFit(_renumbered(kept) if num_dropped else kept, num_dropped, num_truncated)
