@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
 
 from simulator import size_cmd
 from simulator.errors import KvplanError
@@ -50,11 +51,37 @@ def _run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+PLUGIN_GROUP = "kvplan.commands"
+
+
+def _add_plugins(sub: argparse._SubParsersAction) -> None:
+    """Commands of the real backend (``calibrate``, ``fidelity``) arrive as entry points, so the
+    simulator never imports the backend (or torch) by name. Without the backend extra installed,
+    the command still exists and says what to install."""
+    for ep in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        try:
+            add = ep.load()
+        except ImportError as err:
+            p = sub.add_parser(ep.name, help=f"(needs the backend extra: {err.name or err})")
+            p.set_defaults(func=_missing_backend(ep.name, err))
+            continue
+        add(sub)
+
+
+def _missing_backend(name: str, err: ImportError) -> Callable[[argparse.Namespace], int]:
+    def run(_: argparse.Namespace) -> int:
+        raise KvplanError(
+            f"'{name}' needs the real backend (torch, triton): pip install 'kvplan[backend]' ({err})"
+        )
+    return run
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvplan", description="Capacity planner for the KV cache of LLM serving.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_simulate(sub)
     size_cmd.add_parser(sub)
+    _add_plugins(sub)
     return parser
 
 

@@ -41,27 +41,30 @@ def _ms(stats: dict[str, float | None], key: str) -> str:
 
 
 def summary_table(summary: dict[str, dict[str, Any]], title: str) -> Table:
-    """One row per allocator: the numbers a capacity planner reads first."""
+    """Metrics down, allocators across: the numbers a capacity planner reads first."""
     table = Table(title=title, title_justify="left")
-    for name, justify in (("allocator", "left"), ("done", "right"), ("rej.", "right"),
-                          ("req/s", "right"), ("tok/s", "right"), ("TTFT p50/p99 ms", "right"),
-                          ("TPOT p50/p99 ms", "right"), ("E2E p50 s", "right"),
-                          ("batch mean/max", "right"), ("preempt", "right"),
-                          ("KV used", "right"), ("internal", "right"), ("external", "right")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    for alloc, s in summary.items():
-        kv = s["kv"]
-        e2e = s["e2e_s"]["p50"]
-        table.add_row(
-            alloc, f"{s['completed']:,}", f"{s['rejected']:,}", f"{s['throughput_req_s']:.2f}",
-            f"{s['throughput_tok_s']:,.0f}",
-            f"{_ms(s['ttft_s'], 'p50')} / {_ms(s['ttft_s'], 'p99')}",
-            f"{_ms(s['tpot_s'], 'p50')} / {_ms(s['tpot_s'], 'p99')}",
-            "—" if e2e is None else f"{e2e:.2f}",
-            f"{s['mean_batch_size']:.1f} / {s['max_batch_size']}", f"{s['num_preemptions']:,}",
-            f"{kv['token_state']:.1%}", f"{kv['internal_fragmentation']:.1%}",
-            f"{kv['external_fragmentation']:.1%}",
-        )
+    table.add_column("", justify="left")
+    for alloc in summary:
+        table.add_column(alloc, justify="right")
+
+    def row(label: str, fmt) -> None:  # type: ignore[no-untyped-def]
+        table.add_row(label, *(fmt(s) for s in summary.values()))
+
+    row("completed / rejected", lambda s: f"{s['completed']:,} / {s['rejected']:,}")
+    row("throughput req/s", lambda s: f"{s['throughput_req_s']:.2f}")
+    row("generated tok/s", lambda s: f"{s['throughput_tok_s']:,.0f}")
+    row("TTFT p50 / p99 ms", lambda s: f"{_ms(s['ttft_s'], 'p50')} / {_ms(s['ttft_s'], 'p99')}")
+    row("TPOT p50 / p99 ms", lambda s: f"{_ms(s['tpot_s'], 'p50')} / {_ms(s['tpot_s'], 'p99')}")
+    row("E2E p50 / p99 s", lambda s: "—" if s["e2e_s"]["p50"] is None
+        else f"{s['e2e_s']['p50']:.2f} / {s['e2e_s']['p99']:.2f}")
+    row("batch mean / max", lambda s: f"{s['mean_batch_size']:.1f} / {s['max_batch_size']}")
+    row("preemptions", lambda s: f"{s['num_preemptions']:,}")
+    row("KV token state", lambda s: f"{s['kv']['token_state']:.1%}")
+    row("KV reserved", lambda s: f"{s['kv']['reserved']:.1%}")
+    row("KV internal frag.", lambda s: f"{s['kv']['internal_fragmentation']:.1%}")
+    row("KV external frag.", lambda s: f"{s['kv']['external_fragmentation']:.1%}")
+    if any(s["prefix_hit_rate"] for s in summary.values()):
+        row("prefix hit rate", lambda s: f"{s['prefix_hit_rate']:.1%}")
     return table
 
 
@@ -74,5 +77,5 @@ def print_summary(console: Console, summary: dict[str, dict[str, Any]], deployme
         f" {d['kv_capacity_tokens']:,} KV tokens per replica ({d['available_kv_gib']:.1f} GiB),"
         f" max_model_len {d['max_model_len']:,}"
     )
-    console.print(summary_table(summary, "per allocator (KV used = time-averaged token-state share)"))
+    console.print(summary_table(summary, "per allocator (KV shares are time-averaged over busy time)"))
     console.print(f"results in {out_dir}/")

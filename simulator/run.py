@@ -99,7 +99,8 @@ def run_simulate(path: str, *, out: str | None, overrides: dict[str, object], qu
     summary = {r.name: r.summary for r in runs}
     write_outputs(out_dir, scenario, dep, runs, plots=plots)
     if not quiet:
-        report.print_summary(Console(), summary, dep.describe(), scenario.name, out_dir)
+        console = Console() if sys.stdout.isatty() else Console(width=120)  # pipes: no 80-col wrap
+        report.print_summary(console, summary, dep.describe(), scenario.name, out_dir)
     return out_dir, summary
 
 

@@ -251,6 +251,16 @@ class PagedAllocator(KVAllocator):
         table = self.block_tables[seq_id]
         bs, ref_count, fill = self.block_size, self.ref_count, self.fill
         old_len = len(table)
+        if num_tokens <= old_len * bs and old_len and ref_count[table[-1]] == 1:
+            # the common case: room in a private last block -> no block, no copy
+            old_tokens = self.num_tokens[seq_id]
+            if num_tokens > old_tokens:
+                fill[table[-1]] = num_tokens - (old_len - 1) * bs
+                self.num_tokens[seq_id] = num_tokens
+                self._sum_tokens += num_tokens - old_tokens
+                if seq_id in self._seq_hashes:
+                    self._register_hashes(seq_id, num_tokens)
+            return NO_COPIES
         cow = False
         if table:
             last = table[-1]

@@ -1,0 +1,470 @@
+"""The PNG plots of ``kvplan simulate``: one trace, several KV allocators, side by side.
+
+:func:`write_plots` takes plain data — the per-step and per-request tables and the summary dict
+of each allocator — and writes four figures:
+
+* ``kv_memory.png``  where the KV pool goes over time (token state / reserved / internal
+  fragmentation / external fragmentation / free), one stacked panel per allocator;
+* ``batch_size.png`` running sequences and the waiting queue over time;
+* ``latency_cdf.png`` TTFT and TPOT distributions of the finished requests;
+* ``allocators.png`` token-state share, peak concurrency and throughput as bars.
+
+Step tables can hold millions of rows, so time series are reduced to ~800 bins first; a bin holds
+the *time-weighted* mean over its span (:func:`binned_integrals`), exact however long the steps
+are. The figures are built on :class:`matplotlib.figure.Figure` objects rendered by Agg, never
+through pyplot: nothing is registered globally (no figure to close, no leak), the caller's
+backend stays as it is, and the same data gives byte-identical PNGs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib as mpl
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.ticker import PercentFormatter
+
+from simulator.errors import KvplanError
+
+NUM_TIME_BINS = 800
+DPI = 120
+MAX_CDF_POINTS = 2000  # points drawn per CDF curve; a million requests plot as fast as a hundred
+
+# (column of steps_df, legend label, colour). Okabe-Ito colours (colour-blind safe): blues for
+# memory that holds or will hold tokens, orange/vermillion for waste, light grey for free.
+KV_LAYERS: tuple[tuple[str, str, str], ...] = (
+    ("kv_token_state", "token state", "#0072B2"),
+    ("kv_reserved", "reserved (future tokens)", "#56B4E9"),
+    ("kv_internal_fragmentation", "internal frag.", "#E69F00"),
+    ("kv_external_fragmentation", "external frag.", "#D55E00"),
+    ("kv_free", "free", "#DDDDDD"),
+)
+KV_COLUMNS = tuple(layer[0] for layer in KV_LAYERS)
+
+# The same allocator keeps its colour in every figure and every scenario.
+_KNOWN_COLOURS = {
+    "paged": "#0072B2",
+    "contiguous-max": "#D55E00",
+    "contiguous-pow2": "#E69F00",
+    "contiguous-oracle": "#009E73",
+}
+_OTHER_COLOURS = ("#CC79A7", "#56B4E9", "#000000", "#F0E442", "#999999")
+_LINESTYLES = ("-", "--", "-.", ":")  # also tells curves apart in greyscale
+
+STEP_COLUMNS_NEEDED = ("allocator", "replica", "step", "time_s", "duration_s",
+                       "num_running_seqs", "num_waiting", *KV_COLUMNS)
+REQUEST_COLUMNS_NEEDED = ("allocator", "status", "ttft_s", "tpot_s")
+SUMMARY_FIELDS_NEEDED = (("kv", "token_state"), ("kv", "internal_fragmentation"),
+                         ("kv", "external_fragmentation"), ("kv", "kv_capacity_tokens"),
+                         ("max_batch_size",), ("throughput_tok_s",))
+
+_RC: dict[str, Any] = {
+    "font.size": 10, "axes.titlesize": 10.5, "axes.labelsize": 10, "legend.fontsize": 9,
+    "xtick.labelsize": 9, "ytick.labelsize": 9, "figure.titlesize": 13,
+    "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
+    "grid.color": "#E6E6E6", "grid.linewidth": 0.8, "axes.axisbelow": True,
+    "svg.hashsalt": "kvplan", "path.simplify": True,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TimeAxis:
+    """The common time axis of the time-series figures: bin edges in seconds, and the unit
+    (s, min or h) that suits the span for display."""
+
+    edges_s: np.ndarray
+    unit: str
+    seconds_per_unit: float
+
+    def display(self, times_s: np.ndarray) -> np.ndarray:
+        """Times in the display unit."""
+        return times_s / self.seconds_per_unit
+
+
+def write_plots(out_dir: Path, steps_df: pd.DataFrame, requests_df: pd.DataFrame,
+                summary: Mapping[str, Mapping[str, Any]], *, title: str = "") -> list[Path]:
+    """Write the four figures of a simulation into ``out_dir`` (created if missing).
+
+    ``steps_df`` has one row per engine step (columns in :data:`STEP_COLUMNS_NEEDED`; the KV
+    columns are token slots and sum to the pool capacity), ``requests_df`` one row per request,
+    ``summary`` one entry per allocator (``kv.token_state`` …, ``max_batch_size``,
+    ``throughput_tok_s``). Allocators appear in the summary's order, then any others sorted.
+    Empty tables, one allocator, all requests rejected and NaNs give figures that say so.
+    Returns the written paths: kv_memory, batch_size, latency_cdf, allocators (PNG).
+    Raises :class:`KvplanError` if a column or summary field is missing or ``out_dir`` is a file.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise KvplanError(f"plot output folder '{out_dir}' exists and is not a folder")
+    _require_columns(steps_df, STEP_COLUMNS_NEEDED, "steps table")
+    _require_columns(requests_df, REQUEST_COLUMNS_NEEDED, "requests table")
+    for name in summary:  # fail before any file is written
+        for path in SUMMARY_FIELDS_NEEDED:
+            _summary_number(summary, name, *path)
+    axis = time_axis(steps_df)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    steps_by, requests_by = _by_allocator(steps_df), _by_allocator(requests_df)
+    allocators = [str(n) for n in summary]
+    allocators += sorted((set(steps_by) | set(requests_by)) - set(allocators))
+    num_replicas = int(steps_df["replica"].nunique()) if len(steps_df) else 0
+    figures = (
+        ("kv_memory.png",
+         lambda: _kv_memory_figure(steps_by, summary, allocators, axis, num_replicas, title)),
+        ("batch_size.png", lambda: _batch_size_figure(steps_by, allocators, axis, title)),
+        ("latency_cdf.png", lambda: _latency_figure(requests_by, allocators, title)),
+        ("allocators.png", lambda: _allocators_figure(summary, title)),
+    )
+    paths = []
+    with mpl.rc_context(_RC):  # the look must not depend on the user's matplotlibrc
+        for name, build in figures:
+            path = out_dir / name
+            # No "Software" key: the PNG then holds no version string and no timestamp.
+            build().savefig(path, dpi=DPI, format="png", metadata={"Software": None})
+            paths.append(path)
+    return paths
+
+
+# ----------------------------------------------------------------------------- binning
+def binned_integrals(starts_s: np.ndarray, ends_s: np.ndarray, values: np.ndarray,
+                     edges_s: np.ndarray) -> np.ndarray:
+    """Integral over each bin of a piecewise-constant function of time.
+
+    The function is ``values[i]`` (a row of k values) on ``[starts_s[i], ends_s[i])`` and 0
+    outside every interval. Intervals must be sorted and disjoint (``ends_s[i] <= starts_s[i+1]``).
+    Returns an array of shape ``(len(edges_s) - 1, k)``: value × seconds in each bin.
+    """
+    values = np.asarray(values, dtype=np.float64).reshape(len(starts_s), -1)
+    out = np.zeros((len(edges_s) - 1, values.shape[1]))
+    if len(starts_s) == 0:
+        return out
+    # The running integral F(t) is continuous and piecewise linear with knots at every interval
+    # start and end; a bin's integral is F(right edge) - F(left edge).
+    knots_s = np.column_stack([starts_s, ends_s]).ravel()
+    cum = np.cumsum(values * (ends_s - starts_s)[:, None], axis=0)
+    before = np.vstack([np.zeros((1, values.shape[1])), cum[:-1]])
+    for j in range(values.shape[1]):
+        knots_f = np.column_stack([before[:, j], cum[:, j]]).ravel()
+        out[:, j] = np.diff(np.interp(edges_s, knots_s, knots_f))
+    return out
+
+
+def time_axis(steps_df: pd.DataFrame, num_bins: int = NUM_TIME_BINS) -> TimeAxis:
+    """Bins spanning time 0 (or the earliest step) to the end of the last step, all allocators."""
+    t0 = t1 = 0.0
+    if len(steps_df):
+        start = steps_df["time_s"].to_numpy(dtype=np.float64)
+        end = start + _durations(steps_df)
+        if np.isfinite(start).any():
+            t0 = min(0.0, float(np.nanmin(start)))
+            t1 = float(np.nanmax(end))
+    if not t1 > t0:  # no steps, or only zero-length ones: any span will do, take 1 s
+        t1 = t0 + 1.0
+    span_s = t1 - t0
+    unit, seconds = ("s", 1.0) if span_s <= 300 else ("min", 60.0) if span_s <= 3 * 3600 else ("h", 3600.0)
+    return TimeAxis(np.linspace(t0, t1, num_bins + 1), unit, seconds)
+
+
+def binned_kv_fractions(steps: pd.DataFrame, edges_s: np.ndarray) -> np.ndarray:
+    """Time-weighted share of the KV pool in each of the five :data:`KV_LAYERS`, per bin.
+
+    ``steps`` are one allocator's rows (any number of replicas; their pools add up). A step's
+    KV breakdown is taken at its end, so it describes memory from its start until the next
+    step starts (the engine is idle in between and memory stays put); before a replica's first
+    step its pool is all free. Returns shape ``(num_bins, 5)``; each row sums to 1.
+    """
+    total = np.zeros((len(edges_s) - 1, len(KV_COLUMNS)))
+    for rep in _replica_steps(steps, KV_COLUMNS):
+        t = rep["time_s"].to_numpy(dtype=np.float64)
+        kv = rep[list(KV_COLUMNS)].to_numpy(dtype=np.float64)
+        empty_pool = np.zeros((1, len(KV_COLUMNS)))
+        empty_pool[0, -1] = kv[0].sum()
+        starts = np.concatenate([[min(edges_s[0], t[0])], t])
+        ends = np.concatenate([t, [max(edges_s[-1], t[-1])]])
+        total += binned_integrals(starts, ends, np.vstack([empty_pool, kv]), edges_s)
+    capacity = total.sum(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        shares = np.where(capacity > 0, total / capacity, 0.0)
+    shares[capacity[:, 0] <= 0, -1] = 1.0  # no pool recorded in the bin: draw it as free
+    return shares
+
+
+def binned_step_means(steps: pd.DataFrame, columns: Sequence[str], edges_s: np.ndarray) -> np.ndarray:
+    """Time-weighted mean of per-step counts in each bin, summed over replicas.
+
+    A step's value holds for its duration; idle time between steps counts as 0 (an idle engine
+    runs nothing and has nobody waiting it could admit). Returns shape ``(num_bins, len(columns))``.
+    """
+    total = np.zeros((len(edges_s) - 1, len(columns)))
+    for rep in _replica_steps(steps, columns):
+        t = rep["time_s"].to_numpy(dtype=np.float64)
+        ends = t + _durations(rep)
+        ends[:-1] = np.minimum(ends[:-1], t[1:])  # overlapping rows would count twice
+        total += binned_integrals(t, ends, rep[list(columns)].to_numpy(dtype=np.float64), edges_s)
+    return total / np.diff(edges_s)[:, None]
+
+
+def _replica_steps(steps: pd.DataFrame, columns: Sequence[str]) -> Iterator[pd.DataFrame]:
+    """Each replica's usable rows (time and ``columns`` not NaN), sorted by time then step id."""
+    usable = steps.dropna(subset=["time_s", *columns])
+    for _, rep in usable.groupby("replica", sort=True):
+        order = np.lexsort((rep["step"].to_numpy(), rep["time_s"].to_numpy()))
+        yield rep.iloc[order]
+
+
+def _durations(steps: pd.DataFrame) -> np.ndarray:
+    durations = steps["duration_s"].to_numpy(dtype=np.float64)
+    if (durations < 0).any():
+        raise KvplanError(f"steps table: negative duration_s in {int((durations < 0).sum())} row(s)")
+    return np.nan_to_num(durations, nan=0.0, posinf=0.0)
+
+
+# ----------------------------------------------------------------------------- figures
+def _kv_memory_figure(steps_by: Mapping[str, pd.DataFrame], summary: Mapping[str, Mapping[str, Any]],
+                      allocators: list[str], axis: TimeAxis, num_replicas: int, title: str) -> Figure:
+    fig, axes = _figure(max(1, len(allocators)), 1, (11, 1.2 + 2.1 * max(1, len(allocators))), sharex=True)
+    if not allocators:
+        _say(axes[0, 0], "no allocator to show")
+    x = axis.display(axis.edges_s)
+    for ax, name in zip(axes[:, 0], allocators):
+        shares = binned_kv_fractions(steps_by[name], axis.edges_s) if name in steps_by else None
+        if shares is None:
+            _say(ax, "no engine steps recorded")
+        else:
+            ys = np.vstack([shares, shares[-1:]]).T  # one more point: bins drawn as stairs
+            ax.stackplot(x, ys, colors=[c for _, _, c in KV_LAYERS], step="post", linewidth=0)
+        ax.set_title(_kv_panel_title(name, summary, shares, num_replicas), loc="left")
+        ax.set_ylim(0, 1)
+        ax.set_xlim(x[0], x[-1])
+        ax.yaxis.set_major_formatter(PercentFormatter(xmax=1))
+        ax.set_ylabel("KV pool")
+        ax.grid(False)
+    axes[-1, 0].set_xlabel(f"simulated time ({axis.unit})")
+    handles = [Patch(color=c, label=label) for _, label, c in KV_LAYERS]
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(KV_LAYERS), frameon=False)
+    fig.suptitle(_suptitle(title, "KV cache memory over time (share of the pool)"))
+    return fig
+
+
+def _kv_panel_title(name: str, summary: Mapping[str, Any], shares: np.ndarray | None,
+                    num_replicas: int) -> str:
+    if name in summary:
+        token = _summary_number(summary, name, "kv", "token_state")
+        waste = (_summary_number(summary, name, "kv", "internal_fragmentation")
+                 + _summary_number(summary, name, "kv", "external_fragmentation"))
+        capacity_tokens = _summary_number(summary, name, "kv", "kv_capacity_tokens")
+        pool = f"; pool {capacity_tokens:,.0f} tokens" if math.isfinite(capacity_tokens) else ""
+        pool += f" × {num_replicas} replicas" if pool and num_replicas > 1 else ""
+    elif shares is not None:  # not in the summary: average the drawn bins (equal widths)
+        token, waste = float(shares[:, 0].mean()), float(shares[:, 2:4].sum(axis=1).mean())
+        pool = ""
+    else:
+        return name
+    return f"{name} — token state {_pct(token)} · fragmentation {_pct(waste)} (time-averaged{pool})"
+
+
+def _batch_size_figure(steps_by: Mapping[str, pd.DataFrame], allocators: list[str], axis: TimeAxis,
+                       title: str) -> Figure:
+    fig, axes = _figure(2, 1, (11, 6.2), sharex=True)
+    running_ax, waiting_ax = axes[0, 0], axes[1, 0]
+    x = axis.display(axis.edges_s)
+    drawn = 0
+    for i, name in enumerate(allocators):
+        if name not in steps_by:
+            continue
+        means = binned_step_means(steps_by[name], ("num_running_seqs", "num_waiting"), axis.edges_s)
+        for ax, column in ((running_ax, 0), (waiting_ax, 1)):
+            # a step line, not ax.stairs: a patch with 1,600 vertices is slow to autoscale
+            ax.plot(x, np.append(means[:, column], means[-1, column]), drawstyle="steps-post",
+                    label=name, linewidth=1.4, color=_colour(name, allocators),
+                    linestyle=_LINESTYLES[i % len(_LINESTYLES)])
+        drawn += 1
+    if not drawn:
+        for ax in (running_ax, waiting_ax):
+            _say(ax, "no engine steps recorded")
+    else:
+        handles, labels = running_ax.get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncol=min(drawn, 4), frameon=False)
+    running_ax.set_title("Running sequences (batch size), all replicas", loc="left")
+    running_ax.set_ylabel("sequences")
+    waiting_ax.set_title("Waiting queue (waiting + swapped out)", loc="left")
+    waiting_ax.set_ylabel("requests")
+    bin_s = float(np.diff(axis.edges_s)[0])
+    waiting_ax.set_xlabel(f"simulated time ({axis.unit})"
+                          + (f"; time-weighted mean per {_seconds(bin_s)} bin" if drawn else ""))
+    for ax in (running_ax, waiting_ax):
+        ax.set_xlim(x[0], x[-1])
+        ax.set_ylim(bottom=0)
+    fig.suptitle(_suptitle(title, "Batch size and queue over time"))
+    return fig
+
+
+def _latency_figure(requests_by: Mapping[str, pd.DataFrame], allocators: list[str], title: str) -> Figure:
+    fig, axes = _figure(1, 2, (12, 4.8))
+    finished = {name: mine[mine["status"] == "finished"] for name, mine in requests_by.items()}
+    for ax, column, label in ((axes[0, 0], "ttft_s", "TTFT (time to first token)"),
+                              (axes[0, 1], "tpot_s", "TPOT (time per output token)")):
+        samples: dict[str, np.ndarray] = {}
+        notes = []
+        for name in allocators:
+            done = finished.get(name, pd.DataFrame(columns=[column]))
+            v = done[column].to_numpy(dtype=np.float64)
+            v = v[np.isfinite(v)]
+            if len(v):
+                samples[name] = v
+            elif name not in requests_by:
+                notes.append(f"{name}: no requests")
+            elif not len(done):
+                num_rejected = int((requests_by[name]["status"] == "rejected").sum())
+                notes.append(f"{name}: no finished requests ({num_rejected} rejected)")
+            else:
+                notes.append(f"{name}: no {column[:4].upper()} samples (1-token outputs)")
+        _draw_cdfs(ax, samples, allocators)
+        ax.set_title(label, loc="left")
+        ax.set_ylabel("fraction of finished requests")
+        ax.set_ylim(0, 1.02)
+        if notes:
+            _say(ax, "\n".join(notes), centre=not samples)
+    fig.suptitle(_suptitle(title, "Latency distributions (CDF, finished requests)"))
+    return fig
+
+
+def _draw_cdfs(ax: Axes, samples: Mapping[str, np.ndarray], allocators: list[str]) -> None:
+    """One ECDF per allocator, with p50 (circle) and p99 (diamond) marked and in the legend."""
+    if not samples:
+        ax.set_xlabel("seconds")
+        return
+    pooled = np.concatenate(list(samples.values()))
+    scale, unit = (1e3, "ms") if np.percentile(pooled, 99) < 1.0 else (1.0, "s")
+    positive = pooled[pooled > 0]
+    log_x = bool(len(positive) == len(pooled) and positive.max() / positive.min() > 100)
+    for name, v in samples.items():
+        i = allocators.index(name)
+        colour, style = _colour(name, allocators), _LINESTYLES[i % len(_LINESTYLES)]
+        xs, ys = _ecdf_points(np.sort(v) * scale)
+        p50, p99 = np.percentile(v * scale, [50, 99])
+        ax.plot(xs, ys, drawstyle="steps-post", color=colour, linestyle=style, linewidth=1.7,
+                label=f"{name}: p50 {_seconds(p50 / scale)} · p99 {_seconds(p99 / scale)}")
+        ax.plot([p50], [0.5], linestyle="none", color=colour, marker="o", markersize=5)
+        ax.plot([p99], [0.99], linestyle="none", color=colour, marker="D", markersize=5)
+    for level in (0.5, 0.99):
+        ax.axhline(level, color="#888888", linewidth=0.7, linestyle=":", zorder=0)
+    if log_x:
+        ax.set_xscale("log")
+    ax.set_xlabel(f"latency ({unit}{', log scale' if log_x else ''})")
+    ax.legend(loc="best", title="● p50   ◆ p99", frameon=True, framealpha=0.9, edgecolor="none")
+
+
+def _ecdf_points(sorted_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Points of the empirical CDF, thinned to ~MAX_CDF_POINTS ranks (exact points, not a fit)."""
+    n = len(sorted_values)
+    ranks = np.unique(np.linspace(0, n - 1, min(n, MAX_CDF_POINTS)).round().astype(np.int64))
+    return sorted_values[ranks], (ranks + 1) / n
+
+
+def _allocators_figure(summary: Mapping[str, Mapping[str, Any]], title: str) -> Figure:
+    fig, axes = _figure(1, 3, (12, 4.4))
+    names = list(summary)
+    panels = (
+        ("KV token-state share (%)", "% of pool, time-averaged",
+         lambda n: 100 * _summary_number(summary, n, "kv", "token_state"), "{:.1f}%"),
+        ("Max concurrency", "sequences in one step", lambda n: _summary_number(summary, n, "max_batch_size"),
+         "{:,.0f}"),
+        ("Throughput", "generated tokens / s", lambda n: _summary_number(summary, n, "throughput_tok_s"),
+         "{:,.0f}"),
+    )
+    for ax, (panel_title, ylabel, value_of, fmt) in zip(axes[0], panels):
+        ax.set_title(panel_title, loc="left")
+        ax.set_ylabel(ylabel)
+        ax.grid(axis="x", visible=False)
+        if not names:
+            _say(ax, "no allocator in the summary")
+            ax.set_xticks([])
+            continue
+        values = np.array([value_of(n) for n in names], dtype=np.float64)
+        heights = np.nan_to_num(values, nan=0.0)
+        bars = ax.bar(range(len(names)), heights, width=0.65,
+                      color=[_colour(n, names) for n in names])
+        ax.bar_label(bars, labels=[fmt.format(v) if math.isfinite(v) else "n/a" for v in values],
+                     padding=2, fontsize=9)
+        ax.set_xticks(range(len(names)), [n.replace("-", "-\n", 1) for n in names])
+        top = 100.0 if "%" in panel_title else float(heights.max())
+        ax.set_ylim(0, (top if top > 0 else 1.0) * 1.15)
+    fig.suptitle(_suptitle(title, "Allocators compared"))
+    return fig
+
+
+# ----------------------------------------------------------------------------- helpers
+def _figure(nrows: int, ncols: int, size: tuple[float, float], sharex: bool = False
+            ) -> tuple[Figure, np.ndarray]:
+    fig = Figure(figsize=size, dpi=DPI, layout="constrained")
+    return fig, fig.subplots(nrows, ncols, sharex=sharex, squeeze=False)
+
+
+def _say(ax: Axes, text: str, centre: bool = True) -> None:
+    """Write a note in a panel: centred when the panel has nothing else, else at the top left."""
+    if centre:
+        ax.set_yticks([])  # an empty panel's 0..1 scale means nothing (x may be shared: left alone)
+    xy, align = ((0.5, 0.5), "center") if centre else ((0.02, 0.97), "left")
+    ax.text(*xy, text, transform=ax.transAxes, ha=align, va="center" if centre else "top",
+            fontsize=9.5, color="#444444",
+            bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "#CCCCCC"})
+
+
+def _suptitle(title: str, what: str) -> str:
+    return f"{title} — {what}" if title else what
+
+
+def _colour(name: str, names: Sequence[str]) -> str:
+    if name in _KNOWN_COLOURS:
+        return _KNOWN_COLOURS[name]
+    unknown = [n for n in names if n not in _KNOWN_COLOURS]
+    return _OTHER_COLOURS[unknown.index(name) % len(_OTHER_COLOURS)]
+
+
+def _by_allocator(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The table's rows per allocator name (one pass over a table that may hold millions)."""
+    if not len(df):
+        return {}
+    return {str(name): rows for name, rows in df.groupby("allocator", sort=False)}
+
+
+def _require_columns(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
+    # A table with no rows may come without columns (a DataFrame built from an empty list).
+    missing = [c for c in columns if c not in df.columns]
+    if missing and len(df):
+        raise KvplanError(f"{what} lacks column(s) {', '.join(repr(c) for c in missing)}")
+
+
+def _summary_number(summary: Mapping[str, Any], *path: str) -> float:
+    """``summary[path[0]][path[1]]...`` as a float; None (no data) reads as NaN.
+
+    A missing key or a non-numeric value is a :class:`KvplanError` naming the dotted path."""
+    value: Any = summary
+    for depth, key in enumerate(path):
+        if not isinstance(value, Mapping) or key not in value:
+            raise KvplanError(f"summary: '{'.'.join(path[:depth])}' has no field '{key}'")
+        value = value[key]
+    if value is None:
+        return math.nan
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+        raise KvplanError(f"summary: '{'.'.join(path)}' is {value!r}, not a number")
+    return float(value)
+
+
+def _pct(fraction: float) -> str:
+    return "n/a" if not math.isfinite(fraction) else f"{100 * fraction:.0f}%"
+
+
+def _seconds(value_s: float) -> str:
+    """A duration with three significant digits in the unit that reads best (ms, s, min)."""
+    if value_s < 1.0:
+        return f"{value_s * 1e3:.3g} ms"
+    return f"{value_s:.3g} s" if value_s < 600 else f"{value_s / 60:,.0f} min"
