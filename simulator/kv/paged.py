@@ -261,6 +261,23 @@ class PagedAllocator(KVAllocator):
                 if seq_id in self._seq_hashes:
                     self._register_hashes(seq_id, num_tokens)
             return NO_COPIES
+        if (old_len * bs < num_tokens <= old_len * bs + bs and self._free
+                and (not old_len or ref_count[table[-1]] == 1)):
+            # the next most common case: exactly one new block after a private full one
+            b = self._free.pop()
+            ref_count[b] = 1
+            if old_len:
+                fill[table[-1]] = bs
+            fill[b] = num_tokens - old_len * bs
+            table.append(b)
+            final = self.final_tokens[seq_id]
+            self._sum_alloc += bs
+            self._sum_useful += min(old_len * bs + bs, final) - min(old_len * bs, final)
+            self._sum_tokens += num_tokens - self.num_tokens[seq_id]
+            self.num_tokens[seq_id] = num_tokens
+            if seq_id in self._seq_hashes:
+                self._register_hashes(seq_id, num_tokens)
+            return NO_COPIES
         cow = False
         if table:
             last = table[-1]
@@ -325,13 +342,20 @@ class PagedAllocator(KVAllocator):
 
     def free(self, seq_id: int) -> None:
         table = self.block_tables.pop(seq_id)
-        ref_count, block_hash, free_list = self.ref_count, self.block_hash, self._free
-        for b in reversed(table):  # tail first: the tail is evicted before the shared prefix
-            if ref_count[b] == 1 and block_hash[b] is None:  # the common case, inlined
+        ref_count = self.ref_count
+        if not self._dup_slots and not self._cache:
+            # nothing is shared or cached anywhere: every block goes straight back, in bulk
+            for b in table:
                 ref_count[b] = 0
-                free_list.append(b)
-            else:
-                self._release(b)
+            self._free.extend(reversed(table))
+        else:
+            block_hash, free_list = self.block_hash, self._free
+            for b in reversed(table):  # tail first: the tail is evicted before the shared prefix
+                if ref_count[b] == 1 and block_hash[b] is None:  # the common case, inlined
+                    ref_count[b] = 0
+                    free_list.append(b)
+                else:
+                    self._release(b)
         bs = self.block_size
         final = self.final_tokens.pop(seq_id)
         self._sum_alloc -= len(table) * bs

@@ -273,7 +273,22 @@ class Scheduler:
     def _grow(self, g: Group, d: int) -> None:
         """Grow-before-write for every sequence of a decoding group that needs it at step ``d``."""
         alloc = self.alloc
-        length = g.kv_len(d)
+        length = g.anchor_len + d - g.anchor_counter
+        if len(g.seq_ids) == 1:  # the common case, without the loop
+            s = g.seq_ids[0]
+            if alloc.tokens_until_append(s, length) == 0:
+                while (r := alloc.append(s, length + 1)) is None:
+                    if not self._preempt_newest(g):
+                        return
+                if r.copies:
+                    self._copies.extend(r.copies)
+                self._copy_tokens += r.num_copied_tokens
+            room = alloc.tokens_until_append(s, length)
+            g.grow_token += 1
+            due = d + room
+            if due < g.anchor_counter + g.final_tokens - g.anchor_len:
+                self._events.setdefault(due, []).append((_GROW, g, g.epoch, g.grow_token))
+            return
         for s in g.seq_ids:
             if alloc.tokens_until_append(s, length) > 0:
                 continue
