@@ -276,12 +276,12 @@ class Scheduler:
         length = g.anchor_len + d - g.anchor_counter
         if len(g.seq_ids) == 1:  # the common case, without the loop
             s = g.seq_ids[0]
-            if alloc.tokens_until_append(s, length) == 0:
-                while (r := alloc.append(s, length + 1)) is None:
-                    if not self._preempt_newest(g):
-                        return
-                if r.copies:
-                    self._copies.extend(r.copies)
+            # an event fires only where growth (or a copy) is due; append is a no-op otherwise
+            while (r := alloc.append(s, length + 1)) is None:
+                if not self._preempt_newest(g):
+                    return
+            if r.copies:
+                self._copies.extend(r.copies)
                 self._copy_tokens += r.num_copied_tokens
             room = alloc.tokens_until_append(s, length)
             g.grow_token += 1
