@@ -72,6 +72,7 @@ class Deployment:
             "num_blocks": self.num_blocks,
             "kv_capacity_tokens": self.capacity_tokens,
             "available_kv_gib": cap.available_kv_bytes / GIB,
+            "kv_pool_gib": self.num_blocks * cap.block_bytes / GIB,
             "weight_gib_per_rank": cap.weight_bytes / GIB,
             "activation_gib_per_rank": cap.activation_bytes / GIB,
             "max_model_len": self.scheduler_config.max_model_len,
@@ -81,10 +82,17 @@ class Deployment:
         }
 
 
-def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool = False) -> Deployment:
-    """Resolve names and sizes; any inconsistency is a one-line KvplanError."""
-    model = load_model(_resolve(scenario.model, base_dir) if scenario.model.endswith(".json") else scenario.model)
-    gpu = get_gpu(scenario.gpu)
+def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool = False,
+                     where: str = "scenario") -> Deployment:
+    """Resolve names and sizes; any inconsistency is a one-line KvplanError naming ``where``."""
+    try:
+        model = load_model(_resolve(scenario.model, base_dir) if scenario.model.endswith(".json") else scenario.model)
+    except KvplanError as err:
+        raise KvplanError(f"{where}: model: {err}") from None
+    try:
+        gpu = get_gpu(scenario.gpu)
+    except KvplanError as err:
+        raise KvplanError(f"{where}: gpu: {err}") from None
     max_model_len = scenario.max_model_len or model.max_position_embeddings
     max_seqs = scenario.max_num_seqs
     batched = scenario.max_num_batched_tokens

@@ -59,7 +59,7 @@ class StepPlan(NamedTuple):
     num_swap_in_blocks: int = 0  # KV blocks copied CPU -> GPU this step
     cow_copies: tuple[tuple[int, int], ...] = ()  # (src_block, dst_block) copies before the write
     num_copy_tokens: int = 0  # KV tokens copied on device this step (COW blocks, contiguous forks)
-    preempted: tuple[int, ...] = ()  # seq ids preempted while building this step
+    preempted: tuple[int, ...] = ()  # request ids preempted while building this step
     # Detail mode only (None otherwise): one SeqDetail per scheduled sequence, prefills first.
     details: tuple[SeqDetail, ...] | None = None
 

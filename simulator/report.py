@@ -74,7 +74,7 @@ def print_summary(console: Console, summary: dict[str, dict[str, Any]], deployme
     console.print(
         f"[bold]{title}[/bold]: {d['model']} on {d['gpu']} × TP {d['tensor_parallel']}"
         f" × {d['num_replicas']} replica(s), KV {d['kv_cache_dtype']}, block {d['block_size']}:"
-        f" {d['kv_capacity_tokens']:,} KV tokens per replica ({d['available_kv_gib']:.1f} GiB),"
+        f" {d['kv_capacity_tokens']:,} KV tokens per replica ({d['kv_pool_gib']:.1f} GiB),"
         f" max_model_len {d['max_model_len']:,}"
     )
     console.print(summary_table(summary, "per allocator (KV shares are time-averaged over busy time)"))

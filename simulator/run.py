@@ -85,7 +85,7 @@ def make_progress(quiet: bool) -> Progress | None:
 def run_simulate(path: str, *, out: str | None, overrides: dict[str, object], quiet: bool,
                  plots: bool = True, force_profile: bool = False) -> tuple[Path, dict[str, Any]]:
     scenario, base_dir = load_scenario(path, overrides)
-    dep = build_deployment(scenario, base_dir, force_profile=force_profile)
+    dep = build_deployment(scenario, base_dir, force_profile=force_profile, where=path)
     requests = load_requests(scenario, base_dir)
     out_dir = Path(out) if out else Path("runs") / scenario.name
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ A profile is YAML, versioned by ``kvplan_profile: 1``::
     versions: {kvplan: 0.1.0, torch: 2.11.0, triton: 3.6.0, python: 3.12.3}
     latency_model:
       form: linear-v1
-      coefficients_s: {const: 4.1e-3, prefill_tokens: 6.0e-5, prefill_attention_pairs: 1.1e-10,
+      coefficients_s: {const: 4.1e-3, prefill_seqs: 1.0e-4, prefill_tokens: 6.0e-5, prefill_attention_pairs: 1.1e-10,
                        decode_seqs: 2.0e-5, decode_context_tokens: 2.3e-8, copy_tokens: 1.0e-8,
                        swap_tokens: 0.0}
     fit: {num_samples: 120, mape_train: 0.021, mape_heldout: 0.034}
@@ -23,7 +23,8 @@ Form ``linear-v1``: a step takes ``Σ coefficient × feature`` seconds, with the
 :func:`features` — a constant (launch and framework overhead, the weight read of decode), prefill
 tokens (the GEMMs), prefill attention pairs (causal attention work), decoding sequences, decode
 context tokens (the KV read, which is what makes decode memory-bound), and KV tokens copied
-on device (copy-on-write) or over PCIe (swap). The fit minimises the *relative* squared error
+on device (copy-on-write) or over PCIe (swap); prefill chunks count too (each is its own
+attention call). A profile that lacks a term reads it as 0. The fit minimises the *relative* squared error
 with non-negative coefficients, so short and long steps count alike.
 """
 
@@ -39,13 +40,14 @@ import numpy as np
 import yaml
 
 from simulator.errors import KvplanError
+from simulator.kv.models import canonical_dtype
 from simulator.plan import StepPlan
 
 PROFILE_VERSION = 1
 FORM = "linear-v1"
 FEATURES: tuple[str, ...] = (
-    "const", "prefill_tokens", "prefill_attention_pairs", "decode_seqs", "decode_context_tokens",
-    "copy_tokens", "swap_tokens",
+    "const", "prefill_seqs", "prefill_tokens", "prefill_attention_pairs", "decode_seqs",
+    "decode_context_tokens", "copy_tokens", "swap_tokens",
 )
 
 
@@ -54,6 +56,7 @@ def features(plan: StepPlan, block_size: int) -> tuple[float, ...]:
     swap_tokens = (plan.num_swap_in_blocks + plan.num_swap_out_blocks) * block_size
     return (
         1.0,
+        float(len(plan.prefills)),
         float(plan.num_prefill_tokens),
         float(plan.prefill_attention_pairs),
         float(plan.num_decode_seqs),
@@ -161,12 +164,23 @@ def check_profile_matches(
            "kv_cache_dtype": profile.kv_cache_dtype}
     if gpu is not None and profile.gpu is not None:
         wanted["gpu"], got["gpu"] = gpu, profile.gpu
+    same_dtype = _same_dtype(str(got["kv_cache_dtype"]), str(wanted["kv_cache_dtype"]))
     for key, value in wanted.items():
+        if key == "kv_cache_dtype" and same_dtype:
+            continue
         if str(got[key]).lower() != str(value).lower():
             raise KvplanError(
                 f"{profile.path}: profile measured for {key} {got[key]}, but the scenario asks for "
                 f"{value}; use a matching profile (kvplan calibrate) or pass --force"
             )
+
+
+def _same_dtype(a: str, b: str) -> bool:
+    """bf16 and bfloat16 are one dtype; names that are no dtype compare as written."""
+    try:
+        return canonical_dtype(a) == canonical_dtype(b)
+    except KvplanError:
+        return a.lower() == b.lower()
 
 
 class ProfileLatency:

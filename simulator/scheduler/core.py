@@ -71,8 +71,9 @@ class Scheduler:
         # per-step scratch
         self.newly_admitted: list[Group] = []  # groups admitted by the last schedule()
         self._preempted: list[int] = []
-        self._copies: list[tuple[int, int]] = []
-        self._copy_tokens = 0
+        self._copies: list[tuple[int, int, int, int]] = []  # (seq, src, dst, tokens) of this step
+        self._copy_tokens = 0  # tokens copied by contiguous forks this step
+        self._pending_copy_tokens = 0  # forks made in complete(): their copies run in the next step
         self._swap_out_tokens = 0
         self._swap_in_tokens = 0
         # totals
@@ -142,7 +143,8 @@ class Scheduler:
         d = self.decode_counter
         self._preempted, self._copies = [], []
         self.newly_admitted = []
-        self._copy_tokens = self._swap_out_tokens = self._swap_in_tokens = 0
+        self._copy_tokens, self._pending_copy_tokens = self._pending_copy_tokens, 0
+        self._swap_out_tokens = self._swap_in_tokens = 0
 
         for kind, g, epoch, token in self._events.pop(d, ()):
             if g.epoch != epoch or g.status is not Status.DECODING:
@@ -171,8 +173,8 @@ class Scheduler:
                     continue
                 chunks.append(self._chunk(g, n))
                 budget -= n
-        if self.waiting and not self._preempted:
-            budget = self._admit(budget, chunks)
+        if self.waiting and not self._preempted and not self.swapped:
+            budget = self._admit(budget, chunks)  # swapped-out requests come back before new ones
         if chunks and self._preempted:
             # a later chunk's growth may have preempted a group that already had a chunk
             chunks = [c for c in chunks if c.seq_id in self._prefill_owner]
@@ -281,8 +283,7 @@ class Scheduler:
                 if not self._preempt_newest(g):
                     return
             if r.copies:
-                self._copies.extend(r.copies)
-                self._copy_tokens += r.num_copied_tokens
+                self._copies.extend((s, src, dst, r.num_copied_tokens) for src, dst in r.copies)
             room = alloc.tokens_until_append(s, length)
             g.grow_token += 1
             due = d + room
@@ -295,8 +296,7 @@ class Scheduler:
             while (r := alloc.append(s, length + 1)) is None:
                 if not self._preempt_newest(g):
                     return  # g itself was preempted
-            self._copies.extend(r.copies)
-            self._copy_tokens += r.num_copied_tokens
+            self._copies.extend((s, src, dst, r.num_copied_tokens) for src, dst in r.copies)
         self._schedule_grow(g, d, length)
 
     def _grow_prefill(self, g: Group, num_tokens: int) -> bool:
@@ -336,7 +336,10 @@ class Scheduler:
         # vLLM's rule: a multi-sequence group is swapped (its samples cannot be recomputed cheaply)
         want_swap = length >= 0 and (cfg.preemption_mode == "swap" or k > 1)
         need = self._swap_tokens(length, k) if length >= 0 else 0
-        if want_swap and need <= cfg.swap_space_tokens - self._swap_used_tokens:
+        # swapped-in sequences come back as private copies (sharing is not restored), so swap
+        # only a group that can then finish alone in the pool; otherwise it restarts
+        fits = alloc.min_pool_tokens(0, g.final_tokens, k) <= alloc.capacity_tokens
+        if want_swap and fits and need <= cfg.swap_space_tokens - self._swap_used_tokens:
             g.status = Status.SWAPPED
             g.swapped_len = length
             g.num_swaps += 1
@@ -430,6 +433,9 @@ class Scheduler:
     def _plan(self, d: int, chunks: list[PrefillChunk]) -> StepPlan:
         n, s1, s2 = self._n_dec, self._s1, self._s2
         bs = self.config.block_size
+        copies = self._copies
+        if copies and self._preempted:  # a copy for a sequence preempted later this step is void
+            copies = [c for c in copies if c[0] in self.alloc]
         details = self._details(d, chunks) if self.detail else None
         return StepPlan(
             step_id=self.step_id,
@@ -440,8 +446,8 @@ class Scheduler:
             decode_max_context=self._max_context(d) + 1 if n else 0,
             num_swap_out_blocks=self._swap_out_tokens // bs,
             num_swap_in_blocks=self._swap_in_tokens // bs,
-            cow_copies=tuple(self._copies),
-            num_copy_tokens=self._copy_tokens,
+            cow_copies=tuple((src, dst) for _, src, dst, _ in copies),
+            num_copy_tokens=self._copy_tokens + sum(t for *_, t in copies),
             preempted=tuple(self._preempted),
             details=details,
         )
@@ -520,7 +526,7 @@ class Scheduler:
         else:  # regions were reserved at admission: copy the prompt's KV into them
             for child in g.seq_ids[1:]:
                 alloc.append(child, length)
-                self._copy_tokens += length
+                self._pending_copy_tokens += length
 
     def _finish(self, g: Group) -> None:
         for s in g.seq_ids:

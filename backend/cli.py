@@ -1,0 +1,160 @@
+"""The ``calibrate`` subcommand of ``kvplan`` (registered through the ``kvplan.commands`` entry points).
+
+::
+
+    kvplan calibrate --model Llama-3.1-8B --tp 1 [--device cuda|cpu] [--dtype bf16|fp16|fp32]
+                     [--layers k] [--block-size 16] [--kv-cache-dtype auto] [--quick]
+                     [--out profiles/<gpu>-<model>.yaml] [--quiet]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+# This module is loaded for every `kvplan` command (it adds its subcommands), so it must not import
+# torch: the command functions import the backend when they run.
+
+
+def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``calibrate`` subcommand (its ``func`` runs it and returns the exit code)."""
+    p = subparsers.add_parser(
+        "calibrate", help="time step shapes on a device and write a latency profile",
+        description="Run a Llama-shaped model with random weights at a catalog model's shapes over a sweep "
+                    "of decode, prefill and mixed steps; fit the linear step-latency model and write a "
+                    "profile that `simulate` can use (latency: {model: profile, profile: FILE}).")
+    p.add_argument("--model", required=True, help="catalog model name (e.g. Llama-3.1-8B, tiny)")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel degree: time one rank's shapes (default 1)")
+    p.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda when available)")
+    p.add_argument("--dtype", help="compute dtype: bf16, fp16 or fp32 (default: the model's)")
+    p.add_argument("--layers", type=int, help="run only k of the L layers and scale their time by L/k")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto (the compute dtype) or fp8 (default auto)")
+    p.add_argument("--quick", action="store_true", help="a small sweep (seconds on a CPU with model tiny)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the sweep's contexts")
+    p.add_argument("--out", help="profile path (default: profiles/<gpu>-<model>.yaml)")
+    p.add_argument("--threads", type=int, help="torch threads on CPU (default 1: steady timings)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no summary")
+    p.set_defaults(func=run_calibrate)
+    return p
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    """Run ``calibrate`` with parsed arguments; bad input raises KvplanError."""
+    import torch
+
+    from backend.calibrate import CalibrateOptions, calibrate, default_out_path, resolve_device, write_profile
+
+    if resolve_device(args.device).type == "cpu":
+        torch.set_num_threads(args.threads or 1)  # a shared machine: one thread times steadily
+    opts = CalibrateOptions(model=args.model, tp=args.tp, device=args.device, dtype=args.dtype,
+                            layers=args.layers, block_size=args.block_size,
+                            kv_cache_dtype=args.kv_cache_dtype, quick=args.quick, seed=args.seed)
+    show_bar = not args.quiet and sys.stderr.isatty()
+    if show_bar:
+        with Progress(TextColumn("[bold]calibrate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      transient=True) as progress:
+            task = progress.add_task("shapes", total=None)
+            def advance(done: int, total: int) -> None:
+                progress.update(task, completed=done, total=total)
+
+            result = calibrate(opts, on_shape=advance)
+    else:
+        result = calibrate(opts)
+    path = write_profile(result.profile, args.out or default_out_path(result.profile))
+    if not args.quiet:
+        _print_summary(result.profile, result.num_skipped_shapes, str(path))
+    return 0
+
+
+def _print_summary(profile: dict[str, Any], num_skipped: int, path: str) -> None:
+    fit, layers = profile["fit"], profile["layers"]
+    print(f"calibrated {profile['model']} TP={profile['tensor_parallel']} on {profile['device']} "
+          f"({profile['dtype']}, KV {profile['kv_cache_dtype']}, block {profile['block_size']}, "
+          f"{layers['run']}/{layers['total']} layers run)")
+    skipped = f"; {num_skipped} skipped: too big for this device's memory" if num_skipped else ""
+    print(f"  {fit['num_samples'] + fit['num_heldout']} shapes timed{skipped}")
+    print(f"  MAPE train {_percent(fit['mape_train'])} on {fit['num_samples']} shapes, "
+          f"held-out {_percent(fit['mape_heldout'])} on {fit['num_heldout']}")
+    coefs = ", ".join(f"{k}={v:.3g}" for k, v in profile["latency_model"]["coefficients_s"].items())
+    print(f"  coefficients (s): {coefs}")
+    print(f"wrote {path}")
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def add_fidelity_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``fidelity`` subcommand: real engine vs simulator on one scenario."""
+    p = subparsers.add_parser(
+        "fidelity", help="replay a scenario on the real engine and in the simulator; compare",
+        description="Calibrate this device (or take --profile), serve the scenario's trace on the real "
+                    "engine in wall-clock time, replay it in the simulator, and report how far the "
+                    "simulated throughput and latencies are from the measured ones.")
+    p.add_argument("scenario", help="scenario YAML (e.g. scenarios/fidelity-cpu.yaml)")
+    p.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda when available)")
+    p.add_argument("--profile", help="use this latency profile instead of calibrating")
+    p.add_argument("--quick-calibrate", action="store_true", help="a small calibration sweep")
+    p.add_argument("--repeats", type=int, default=2, help="real runs, for the measurement's own spread (default 2)")
+    p.add_argument("--threads", type=int, help="torch threads on CPU (default 1: steady timings)")
+    p.add_argument("--num-requests", type=int, help="use the first N requests")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
+    p.add_argument("--out", help="output folder (default: runs/<scenario>-fidelity/)")
+    p.add_argument("--force", action="store_true", help="accept a profile measured for another setup")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress and no table")
+    p.set_defaults(func=run_fidelity_cmd)
+    return p
+
+
+def run_fidelity_cmd(args: argparse.Namespace) -> int:
+    from backend.fidelity import FidelityOptions, run_fidelity
+    from simulator.run import scenario_overrides
+
+    overrides = scenario_overrides(num_requests=args.num_requests, extra=args.set)
+    opts = FidelityOptions(scenario=args.scenario, device=args.device, profile=args.profile,
+                           repeats=args.repeats, out=args.out, force=args.force,
+                           quick_calibrate=args.quick_calibrate, threads=args.threads, overrides=overrides)
+    say = (lambda msg: print(f"fidelity: {msg} ...", file=sys.stderr)) if not args.quiet else None
+    result = run_fidelity(opts, on_stage=say)
+    if not args.quiet:
+        print_fidelity(result.report)
+        print(f"results in {result.out_dir}/")
+    return 0
+
+
+def print_fidelity(report: dict[str, Any]) -> None:
+    """The fidelity table: measured, simulated, error, the measurement's own spread, target."""
+    r = report["allocators"]["paged"]
+    table = Table(title=f"fidelity of {report['scenario']} on {report['device']} (paged)", title_justify="left")
+    for col in ("metric", "measured", "simulated", "error", "run-to-run", "target"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for name, m in r["metrics"].items():
+        err = m["relative_error"]
+        spread = r["measurement_spread"].get(name)
+        target = r["targets"].get(name)
+        table.add_row(
+            name, _num(m["measured"]), _num(m["simulated"]), "—" if err is None else f"{err:+.1%}",
+            "—" if spread is None else f"{spread:.1%}",
+            "" if target is None else f"±{target['bound']:.0%} {'met' if target['met'] else 'MISSED'}",
+        )
+    console = Console() if sys.stdout.isatty() else Console(width=110)
+    console.print(table)
+    d, s, load = r["decisions"], r["steps"], r["load"]
+    console.print(f"per-step latency: MAPE {s['mape']:.1%}, bias {s['bias']:+.1%} over {s['num_steps']} steps")
+    console.print(f"load: peak KV {load['peak_kv_used']:.0%} of the pool, {load['num_preemptions']} preemptions")
+    verdict = "identical" if d["identical"] else f"DIVERGED: {d['first_divergence']}"
+    console.print(f"decisions with the measured step times replayed: {verdict} "
+                  f"({d['num_steps_real']} steps, {d['preemptions_real']} preemptions)")
+    if report["skipped_allocators"]:
+        console.print(f"skipped (the real engine serves paged KV only): {', '.join(report['skipped_allocators'])}")
+
+
+def _num(v: float | None) -> str:
+    return "—" if v is None else f"{v:.4g}"

@@ -1,0 +1,77 @@
+"""Every shipped scenario loads, builds its deployment, and runs a short prefix of its workload.
+
+A capacity scenario (one with a ``sweep:`` section, for ``kvplan capacity``) is checked through its
+base scenario: the file without the sweep.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from simulator.deployment import build_deployment
+from simulator.run import run_simulate, scenario_overrides
+from simulator.scenario import load_scenario
+
+SCENARIOS = sorted((Path(__file__).resolve().parents[2] / "scenarios").glob("*.yaml"))
+NUM_REQUESTS = 50
+
+
+def base_scenario(path: Path, tmp_path: Path) -> Path:
+    """The scenario itself, or for a capacity scenario a copy without its sweep."""
+    data = yaml.safe_load(path.read_text())
+    if "sweep" not in data:
+        return path
+    del data["sweep"]
+    trace = data.get("workload", {}).get("trace")
+    if trace and not trace.startswith("bundled:") and not Path(trace).is_absolute():
+        data["workload"]["trace"] = str(path.parent / trace)  # the copy lives elsewhere
+    data.setdefault("name", path.stem)
+    copy = tmp_path / path.name
+    copy.write_text(yaml.safe_dump(data))
+    return copy
+
+
+def test_there_are_scenarios():
+    assert "chat.yaml" in {p.name for p in SCENARIOS}
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_scenario_builds_a_deployment(path, tmp_path):
+    scenario, base_dir = load_scenario(base_scenario(path, tmp_path))
+    dep = build_deployment(scenario, base_dir)
+    d = dep.describe()
+    assert d["num_blocks"] > 0 and d["kv_capacity_tokens"] == d["num_blocks"] * d["block_size"]
+    assert d["bytes_per_token"] > 0 and d["available_kv_gib"] > 0
+    assert d["max_model_len"] >= 2
+    assert scenario.allocators and len(set(scenario.allocators)) == len(scenario.allocators)
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_scenario_runs_and_accounts_for_every_request(path, tmp_path):
+    out, summary = run_simulate(str(base_scenario(path, tmp_path)), out=str(tmp_path / "out"),
+                                overrides=scenario_overrides(num_requests=NUM_REQUESTS), quiet=True,
+                                plots=False)
+    assert list(summary) == list(json.loads((out / "summary.json").read_text()))
+    for name, s in summary.items():
+        assert s["completed"] + s["rejected"] == NUM_REQUESTS, name
+        assert s["completed"] > 0, name
+    req = pd.read_csv(out / "requests.csv")
+    assert len(req) == NUM_REQUESTS * len(summary)
+    assert set(req.status) <= {"finished", "rejected"}
+    assert req[req.status == "rejected"].reject_reason.notna().all()
+    stories = {
+        # the scenario files' comments: what each one is there to show
+        "shared-prefix": lambda s: s["paged"]["prefix_hit_rate"] > 0,
+        "long-context": lambda s: s["paged"]["prefix_hit_rate"] > 0,
+        "beam-search": lambda s: s["paged"]["kv"]["shared_saved"] > 0,
+        "parallel-sampling": lambda s: (s["paged"]["kv"]["shared_saved"] > 0
+                                        and s["paged"]["kv"]["token_state"]
+                                        > s["contiguous-max"]["kv"]["token_state"]),
+    }
+    if path.stem in stories:
+        assert stories[path.stem](summary), path.stem
