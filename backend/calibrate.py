@@ -117,7 +117,7 @@ def sweep_shapes(limits: SweepLimits, *, quick: bool, block_size: int, seed: int
             shapes.append(Shape("mixed", f"chunk-{n}", contexts(*short, b), chunk_tokens=n))
     # copies: the copied block holds half a block (the write lands in its middle)
     half = block_size // 2 + 1
-    for b in ((4,) if quick else (8, 64)):
+    for b in (b for b in ((4,) if quick else (8, 64)) if b <= limits.max_num_seqs):
         length = min(-(-256 // block_size) * block_size + half, cap)
         shapes.append(Shape("copy", f"copies-{b}", (length,) * b, num_copies=b))
     for blocks in ((8, 32) if quick else (16, 128, 512)):

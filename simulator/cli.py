@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
 from simulator import size_cmd
+from simulator.capacity import cmd as capacity_cmd
 from simulator.errors import KvplanError
 from simulator.run import run_simulate, scenario_overrides
 
@@ -81,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_simulate(sub)
     size_cmd.add_parser(sub)
+    capacity_cmd.add_parser(sub)
     _add_plugins(sub)
     return parser
 

@@ -28,7 +28,7 @@ Unknown keys are errors that suggest the near name; values are type- and range-c
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -101,6 +101,8 @@ class Scenario(_Spec):
     latency: LatencySpec = LatencySpec()
     workload: WorkloadSpec
     slo: SLOSpec | None = None
+    # knob -> values, read by `kvplan capacity`; `simulate` runs the scenario as written
+    sweep: dict[str, list[Any]] | None = None
 
     @field_validator("allocators", mode="before")
     @classmethod

@@ -1,0 +1,284 @@
+"""``kvplan capacity``: the maximum sustainable request rate under the scenario's SLO, per point of a
+sweep and per allocator, as a table (printed, CSV, JSON) and plots.
+
+Examples::
+
+    kvplan capacity scenarios/capacity-chat.yaml
+    kvplan capacity scenarios/chat.yaml --allocator paged --sweep block_size=8,16,32 --seeds 1
+    kvplan capacity scenarios/capacity-chat.yaml --executor ray --address auto --no-plots
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import dataclasses
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from simulator.capacity import plots
+from simulator.capacity.executors import EXECUTORS, make_executor
+from simulator.capacity.search import SearchResult, SearchTask, run_search
+from simulator.capacity.sweep import (
+    CapacityRow,
+    SweepPoint,
+    failed_row,
+    format_knobs,
+    gpu_price,
+    parse_price_arg,
+    parse_sweep_arg,
+    read_capacity_scenario,
+    resolve_points,
+    seeds_for,
+    start_rate_req_s,
+    summarize_searches,
+)
+from simulator.errors import KvplanError
+from simulator.run import scenario_overrides
+
+ROW_FIELDS = tuple(f.name for f in dataclasses.fields(CapacityRow) if f.name not in ("knobs", "point_index"))
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add the ``capacity`` subcommand to an ``argparse`` subparsers object."""
+    p = subparsers.add_parser(
+        "capacity", help="max sustainable request rate under the SLO, with sweeps",
+        description="For each allocator (and each point of a sweep), find the highest request rate at "
+                    "which the scenario's slo: holds, by doubling then bisection over the workload's rate.")
+    p.add_argument("scenario", help="scenario YAML with an slo: section (and optionally sweep:)")
+    p.add_argument("--allocator", action="append", metavar="NAME", help="only this allocator (repeatable)")
+    p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="sweep a scenario knob (repeatable; crossed with the file's sweep:)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario key, e.g. --set workload.num_requests=500")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per point for synthetic workloads (default 3)")
+    p.add_argument("--tolerance", type=float, default=0.05,
+                   help="relative width at which bisection stops (default 0.05)")
+    p.add_argument("--start-rate", type=float, help="first rate tried (default: the workload's own)")
+    p.add_argument("--executor", choices=EXECUTORS, default="process", help="where searches run")
+    p.add_argument("--address", help="Ray cluster address (with --executor ray; default: local)")
+    p.add_argument("--jobs", type=int, help="parallel processes (default: CPU count)")
+    p.add_argument("--price", action="append", default=[], metavar="GPU=USD_PER_HOUR",
+                   help="override a GPU's price per GPU-hour (repeatable)")
+    p.add_argument("--out", help="output folder (default: runs/<scenario name>-capacity/)")
+    p.add_argument("--no-plots", action="store_true", help="skip plots (and KV recording on every probe)")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write the probe cache")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no table")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the command from parsed arguments; bad input raises KvplanError (the CLI exits 2)."""
+    if not 0 < args.tolerance <= 1:
+        raise KvplanError(f"--tolerance must be in (0, 1], got {args.tolerance}")
+    if args.start_rate is not None and not (args.start_rate > 0 and math.isfinite(args.start_rate)):
+        raise KvplanError(f"--start-rate must be a positive number, got {args.start_rate}")
+    run_capacity(
+        args.scenario, allocators=args.allocator, sweeps=args.sweep, overrides=args.set,
+        num_seeds=args.seeds, tolerance=args.tolerance, start_rate=args.start_rate,
+        executor=args.executor, address=args.address, jobs=args.jobs, prices=args.price, out=args.out,
+        plots_on=not args.no_plots, use_cache=not args.no_cache, quiet=args.quiet,
+    )
+    return 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CapacityReport:
+    """What :func:`run_capacity` wrote: the table rows and every search (probes included)."""
+
+    out_dir: Path
+    rows: list[CapacityRow]
+    results: list[SearchResult]
+    notes: list[str]
+
+
+def run_capacity(path: str, *, allocators: Sequence[str] | None = None, sweeps: Sequence[str] = (),
+                 overrides: Sequence[str] = (), num_seeds: int = 3, tolerance: float = 0.05,
+                 start_rate: float | None = None, executor: str = "process", address: str | None = None,
+                 jobs: int | None = None, prices: Sequence[str] = (), out: str | None = None,
+                 plots_on: bool = True, use_cache: bool = True, quiet: bool = False) -> CapacityReport:
+    """Search every (point, allocator, seed), write ``capacity.csv``/``capacity.json``/plots.
+
+    Every input is checked before any simulation starts. A point that cannot be deployed is a
+    ``failed`` row; if no point can be, KvplanError (after the CSV is written).
+    """
+    file = read_capacity_scenario(path, scenario_overrides(allocators=list(allocators or []),
+                                                           extra=list(overrides)))
+    sweep = dict(file.sweep)
+    sweep.update(parse_sweep_arg(s) for s in sweeps)
+    file = dataclasses.replace(file, sweep=sweep)
+    price_overrides = dict(parse_price_arg(p) for p in prices)
+    pool = make_executor(executor, jobs=jobs, address=address)
+    out_dir = Path(out) if out else Path("runs") / f"{file.data['name']}-capacity"
+    cache_dir = out_dir / "cache" if use_cache else None
+    points = resolve_points(file)
+    tasks, notes = _tasks(points, file.base_dir, num_seeds, tolerance, start_rate, plots_on, cache_dir)
+    started = time.perf_counter()
+    progress = _progress(quiet)
+    if progress is None:
+        results = pool.run(run_search, tasks)
+    else:
+        with progress:
+            bar = progress.add_task("searches", total=len(tasks))
+            results = pool.run(run_search, tasks, lambda i, r: progress.advance(bar))
+    rows = _rows(points, results, price_overrides, notes)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_csv(out_dir / "capacity.csv", rows)
+    _write_json(out_dir / "capacity.json", rows, results, notes)
+    if plots_on:
+        _write_plots(out_dir / "plots", points, rows, results)
+    if not quiet:
+        # A wide table when redirected to a file: rich would otherwise cut it to 80 columns.
+        console = Console() if sys.stdout.isatty() else Console(width=250)
+        print_table(console, rows, notes, out_dir, time.perf_counter() - started)
+    if not any(p.error is None for p in points):
+        first = points[0].error or ""
+        if len(points) == 1:
+            raise KvplanError(first)
+        raise KvplanError(f"every sweep point failed (see {out_dir / 'capacity.csv'}); first: {first}")
+    return CapacityReport(out_dir, rows, results, sorted(set(notes.values())))
+
+
+def _tasks(points: list[SweepPoint], base_dir: Path, num_seeds: int, tolerance: float,
+           start_rate: float | None, record_steps: bool,
+           cache_dir: Path | None) -> tuple[list[SearchTask], dict[int, str]]:
+    tasks: list[SearchTask] = []
+    notes: dict[int, str] = {}
+    memo: dict[str, float] = {}
+    for point in points:
+        if point.scenario is None:
+            continue
+        seeds, note = seeds_for(point.scenario, num_seeds)
+        if note:
+            notes[point.index] = note
+        rate = start_rate or start_rate_req_s(point.scenario, base_dir, memo)
+        # The canonical mapping (defaults left out) names the point in the cache, however it was written.
+        canonical = point.scenario.model_dump(mode="json", exclude_defaults=True)
+        for allocator in point.scenario.allocators:
+            for seed in seeds:
+                data = {**copy.deepcopy(canonical), "allocators": [allocator], "seed": seed}
+                tasks.append(SearchTask(point.index, data, point.where, str(base_dir.resolve()), allocator,
+                                        seed, rate, tolerance, record_steps,
+                                        str(cache_dir.resolve()) if cache_dir else None))
+    return tasks, notes
+
+
+def _rows(points: list[SweepPoint], results: list[SearchResult], prices: dict[str, float],
+          notes: dict[int, str]) -> list[CapacityRow]:
+    grouped: dict[tuple[int, str], list[SearchResult]] = {}
+    for r in results:
+        grouped.setdefault((r.point_index, r.allocator), []).append(r)
+    rows = []
+    for point in points:
+        if point.scenario is None or point.deployment is None:
+            rows.append(failed_row(point, ""))
+            continue
+        price = gpu_price(point.deployment, prices)
+        for allocator in point.scenario.allocators:
+            rows.append(summarize_searches(point, allocator, grouped[point.index, allocator], price,
+                                           notes.get(point.index)))
+    return rows
+
+
+def _progress(quiet: bool) -> Progress | None:
+    if quiet or not sys.stderr.isatty():
+        return None
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=Console(stderr=True))
+
+
+# --- outputs --------------------------------------------------------------------------------
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def write_csv(path: Path, rows: Sequence[CapacityRow]) -> None:
+    """One line per row: ``point``, the knobs (their union, in sweep order), then the row's fields."""
+    knobs = list(dict.fromkeys(k for r in rows for k in r.knobs if k != "allocators"))
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["point", *knobs, *ROW_FIELDS])
+        for r in rows:
+            writer.writerow([r.point_index, *(_cell(r.knobs.get(k)) for k in knobs),
+                             *(_cell(getattr(r, name)) for name in ROW_FIELDS)])
+
+
+def _write_json(path: Path, rows: Sequence[CapacityRow], results: Sequence[SearchResult],
+                notes: dict[int, str]) -> None:
+    searches = [{"point": r.point_index, "allocator": r.allocator, "seed": r.seed,
+                 "lo_rate_req_s": r.lo_rate_req_s, "hi_rate_req_s": r.hi_rate_req_s,
+                 "probes": [p.to_json() for p in r.probes],
+                 "at_max": r.at_max.to_json() if r.at_max else None} for r in results]
+    body = {"rows": [dataclasses.asdict(r) for r in rows], "searches": searches,
+            "notes": {str(k): v for k, v in sorted(notes.items())}}
+    path.write_text(json.dumps(body, indent=1, sort_keys=True, default=str) + "\n")
+
+
+def _write_plots(plot_dir: Path, points: list[SweepPoint], rows: list[CapacityRow],
+                 results: list[SearchResult]) -> None:
+    by_point: dict[int, dict[str, list[SearchResult]]] = {}
+    for r in results:
+        by_point.setdefault(r.point_index, {}).setdefault(r.allocator, []).append(r)
+    for point in points:
+        if point.scenario is None or point.index not in by_point:
+            continue
+        assert point.scenario.slo is not None and point.deployment is not None
+        title = f"{point.deployment.model.name} on {point.deployment.gpu.name}"
+        title += f" — {format_knobs(point.knobs)}" if point.knobs else ""
+        plots.plot_point(plot_dir / "points" / f"{point.index:03d}.png", title, by_point[point.index],
+                         point.scenario.slo)
+    plots.plot_capacity_vs_block_size(plot_dir / "capacity_vs_block_size.png", rows)
+    plots.plot_capacity_per_dollar(plot_dir / "capacity_per_dollar.png", rows)
+
+
+def _num(value: float | None, fmt: str = ".3g") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def print_table(console: Console, rows: Sequence[CapacityRow], notes: dict[int, str], out_dir: Path,
+                elapsed_s: float) -> None:
+    """The capacity table, one line per (point, allocator); failures and caveats under it."""
+    knobs = list(dict.fromkeys(k for r in rows for k in r.knobs if k != "allocators"))
+    table = Table(title="max sustainable rate under the SLO", title_justify="left")
+    for name in (*knobs, "allocator", "req/s", "range", "out tok/s", "goodput", "TTFT p99", "TPOT p99",
+                 "KV tokens", "max conc. (limit)", "req/s/GPU", "$/M tok"):
+        table.add_column(name, justify="left" if name in (*knobs, "allocator") else "right", no_wrap=True)
+    remarks = []
+    for r in rows:
+        cells = [_cell(r.knobs.get(k)) for k in knobs] + [r.allocator]
+        if r.status != "ok":  # failed, slo-unmet, unbounded: say why under the table
+            who = f"point {r.point_index}" + (f" {r.allocator}" if r.allocator else "")
+            remarks.append(f"{who} {r.status}: {r.message}")
+        if r.status in ("failed", "slo-unmet"):
+            table.add_row(*cells, f"[red]{r.status}[/]", *[""] * 9)
+            continue
+        high = "∞" if r.rate_ci_high_req_s is None else _num(r.rate_ci_high_req_s, ".4g")
+        table.add_row(*cells, _num(r.max_rate_req_s, ".4g"), f"[{_num(r.rate_ci_low_req_s, '.4g')}, {high}]",
+                      _num(r.throughput_tok_s, ",.0f"), _num(r.goodput_req_s), _num(r.ttft_p99_s),
+                      _num(r.tpot_p99_s), _num(r.kv_capacity_tokens, ",d"),
+                      f"{r.max_concurrency} ({r.limited_by})", _num(r.rate_per_gpu_req_s),
+                      _num(r.usd_per_m_output_tokens, ".3f"))
+    console.print(table)
+    for line in remarks:
+        console.print(line, markup=False)
+    for note in sorted(set(notes.values())):
+        console.print(f"note: {note}", markup=False)
+    console.print(f"wrote {out_dir / 'capacity.csv'} and capacity.json ({elapsed_s:.1f} s)", markup=False)

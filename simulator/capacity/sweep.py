@@ -1,0 +1,310 @@
+"""Sweeps: a capacity scenario's ``sweep:`` section (or ``--sweep``) -> resolved points -> table rows.
+
+A capacity scenario is an ordinary scenario plus an optional ``sweep:`` mapping of knob -> values;
+the points are the cartesian product, in the order the knobs are written::
+
+    sweep:
+      gpu: [a100-80gb, h100, h200]
+      block_size: [8, 16, 32, 128]
+      model+tensor_parallel:        # knobs joined by '+' vary together (zipped), not crossed
+        - [llama-3.1-8b, 1]
+        - [llama-3.1-70b, 4]
+
+A knob is any scenario key, dotted for nested ones (``latency.mem_efficiency``,
+``workload.num_requests``), except the rate (that is what the search varies) and the seed (see
+``--seeds``). A point whose scenario is invalid or whose deployment is impossible (the weights
+do not fit) becomes a failed point carrying its message; it does not stop the sweep.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from simulator.capacity.search import SearchResult, limited_by
+from simulator.deployment import Deployment, build_deployment
+from simulator.errors import KvplanError, unknown_name
+from simulator.kv.gpus import get_gpu
+from simulator.run import load_requests
+from simulator.scenario import Scenario, parse_scenario, set_dotted
+from workloads.synthetic import mean_rate_per_s
+
+SWEEP_KEY = "sweep"
+NOT_SWEEPABLE = {"seed": "use --seeds", "workload.rate": "the search varies the rate",
+                 "workload.rate_scale": "the search varies the rate",
+                 "workload.arrival.rate": "the search varies the rate", "name": "", "description": ""}
+DEFAULT_START_RATE_REQ_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityFile:
+    """A capacity scenario as read: the scenario mapping (sweep removed) and the sweep."""
+
+    data: dict[str, Any]
+    sweep: dict[str, list[Any]]
+    base_dir: Path
+    where: str
+
+
+def read_capacity_scenario(path: str | Path, overrides: dict[str, object] | None = None) -> CapacityFile:
+    """Read ``path``, split off ``sweep:``, apply dotted ``overrides`` and check the rest is a
+    valid scenario with an ``slo:`` that bounds at least one latency. Errors -> KvplanError."""
+    p, where = Path(path), str(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise KvplanError(f"{where}: no such scenario file") from None
+    except IsADirectoryError:
+        raise KvplanError(f"{where}: is a directory, not a scenario file") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise KvplanError(f"{where}{line}: not valid YAML ({getattr(err, 'problem', None) or err})") from None
+    if not isinstance(data, dict):
+        raise KvplanError(f"{where}: a scenario is a mapping of keys (model, gpu, workload, ...)")
+    sweep = data.pop(SWEEP_KEY, None) or {}
+    if not isinstance(sweep, dict):
+        raise KvplanError(f"{where}: sweep: a mapping of knob -> list of values")
+    for key, values in sweep.items():
+        check_knob(str(key), f"{where}: sweep")
+        if not isinstance(values, list) or not values:
+            raise KvplanError(f"{where}: sweep.{key}: a non-empty list of values")
+    data.setdefault("name", p.stem)
+    for key, value in (overrides or {}).items():
+        set_dotted(data, key, value)
+    scenario = parse_scenario(copy.deepcopy(data), where)
+    slo = scenario.slo
+    if slo is None:
+        raise KvplanError(f"{where}: capacity needs an 'slo:' section "
+                          "(e.g. slo: {ttft_p99_s: 2.0, tpot_p99_s: 0.1})")
+    if slo.ttft_p99_s is None and slo.tpot_p99_s is None and slo.e2e_p99_s is None:
+        raise KvplanError(f"{where}: slo: give at least one of ttft_p99_s, tpot_p99_s, e2e_p99_s")
+    return CapacityFile(data, {str(k): v for k, v in sweep.items()}, p.parent, where)
+
+
+def check_knob(key: str, where: str) -> None:
+    """Raise KvplanError unless ``key`` (or each part of an ``a+b`` key) is a sweepable knob."""
+    for part in key.split("+"):
+        head = part.split(".")[0]
+        if part in NOT_SWEEPABLE or head in ("name", "description", "seed"):
+            why = NOT_SWEEPABLE.get(part) or NOT_SWEEPABLE.get(head, "")
+            raise KvplanError(f"{where}: '{part}' cannot be swept" + (f" ({why})" if why else ""))
+        if head not in Scenario.model_fields:
+            raise KvplanError(f"{where}: {unknown_name('sweep knob', head, Scenario.model_fields)}")
+
+
+def parse_sweep_arg(text: str) -> tuple[str, list[Any]]:
+    """``"block_size=8,16,32"`` -> ``("block_size", [8, 16, 32])`` (values read as YAML scalars)."""
+    key, sep, values = text.partition("=")
+    key = key.strip()
+    items = [v.strip() for v in values.split(",")]
+    if not sep or not key or not all(items):
+        raise KvplanError(f"--sweep expects KEY=V1,V2,..., got '{text}'")
+    if "+" in key:
+        raise KvplanError(f"--sweep {key}: zipped knobs (a+b) go in the scenario's sweep: section")
+    check_knob(key, "--sweep")
+    try:
+        return key, [yaml.safe_load(v) for v in items]
+    except yaml.YAMLError:
+        raise KvplanError(f"--sweep {key}: cannot read the values '{values}'") from None
+
+
+def expand_sweep(sweep: dict[str, list[Any]], where: str) -> list[dict[str, Any]]:
+    """The cartesian product as a list of ``{knob: value}`` (zipped knobs split), in order:
+    the last knob varies fastest. No sweep -> one empty point."""
+    axes: list[list[dict[str, Any]]] = []
+    seen: set[str] = set()
+    for key, values in sweep.items():
+        parts = key.split("+")
+        if seen & set(parts):
+            raise KvplanError(f"{where}: sweep: '{sorted(seen & set(parts))[0]}' is swept twice")
+        seen.update(parts)
+        if len(parts) == 1:
+            axes.append([{key: v} for v in values])
+            continue
+        axis = []
+        for v in values:
+            if not isinstance(v, list) or len(v) != len(parts):
+                raise KvplanError(f"{where}: sweep.{key}: each value is a list of {len(parts)} "
+                                  f"({', '.join(parts)}), got {v!r}")
+            axis.append(dict(zip(parts, v)))
+        axes.append(axis)
+    return [{k: v for knobs in combo for k, v in knobs.items()} for combo in itertools.product(*axes)]
+
+
+# --- resolved points ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    """One point: its knobs and either a resolved scenario and deployment, or an error."""
+
+    index: int
+    knobs: dict[str, Any]
+    where: str
+    data: dict[str, Any] | None
+    scenario: Scenario | None
+    deployment: Deployment | None
+    error: str | None = None
+
+
+def resolve_points(file: CapacityFile) -> list[SweepPoint]:
+    """Apply each point's knobs to the base scenario, validate it and size its deployment."""
+    points = []
+    for i, knobs in enumerate(expand_sweep(file.sweep, file.where)):
+        where = file.where + (f" [{format_knobs(knobs)}]" if knobs else "")
+        data = copy.deepcopy(file.data)
+        try:
+            for key, value in knobs.items():
+                set_dotted(data, key, value)
+            scenario = parse_scenario(copy.deepcopy(data), where)
+            dep = build_deployment(scenario, file.base_dir)
+        except KvplanError as err:
+            points.append(SweepPoint(i, knobs, where, None, None, None, str(err)))
+            continue
+        points.append(SweepPoint(i, knobs, where, data, scenario, dep))
+    return points
+
+
+def format_knobs(knobs: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={_text(v)}" for k, v in knobs.items())
+
+
+def _text(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def seeds_for(scenario: Scenario, num_seeds: int) -> tuple[list[int], str | None]:
+    """The seeds to search with, and a note when fewer than asked make sense: a trace's arrivals
+    do not depend on the seed (only beam search draws from it), so it gets one seed."""
+    if num_seeds < 1:
+        raise KvplanError(f"--seeds must be at least 1, got {num_seeds}")
+    if scenario.workload.trace is not None and scenario.workload.beam_width == 1 and num_seeds > 1:
+        return [scenario.seed], "trace workload: the seed changes nothing, so 1 seed per point"
+    return [scenario.seed + k for k in range(num_seeds)], None
+
+
+def start_rate_req_s(scenario: Scenario, base_dir: Path, memo: dict[str, float]) -> float:
+    """The search's first rate: the workload's own mean rate (its ``rate``, its arrival rate, or
+    the trace's native rate times ``rate_scale``)."""
+    spec = scenario.workload
+    if spec.rate is not None:
+        return spec.rate
+    scale = spec.rate_scale or 1.0
+    if spec.arrival is not None and spec.arrival.rate is not None:
+        return spec.arrival.rate * scale
+    key = json.dumps([spec.model_dump(mode="json"), str(base_dir)], sort_keys=True)
+    if key not in memo:
+        try:
+            memo[key] = mean_rate_per_s(load_requests(scenario, base_dir))
+        except KvplanError:  # one request, or all at one instant: no native rate to start from
+            memo[key] = DEFAULT_START_RATE_REQ_S
+    return memo[key]
+
+
+# --- table rows -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityRow:
+    """One (point, allocator) of the capacity table; metrics are over seeds at each seed's
+    maximum rate (means; concurrency and KV peak: maxima). ``None`` = not applicable."""
+
+    point_index: int
+    knobs: dict[str, Any]
+    allocator: str
+    status: str  # ok | unbounded | slo-unmet | failed
+    max_rate_req_s: float | None = None  # mean over seeds of the highest passing rate
+    rate_ci_low_req_s: float | None = None  # lowest passing rate of any seed
+    rate_ci_high_req_s: float | None = None  # highest failing rate of any seed (None: unbounded)
+    num_seeds: int = 0
+    throughput_tok_s: float | None = None
+    goodput_req_s: float | None = None
+    ttft_p99_s: float | None = None
+    tpot_p99_s: float | None = None
+    kv_capacity_tokens: int | None = None
+    max_concurrency: int | None = None
+    limited_by: str | None = None
+    kv_used_peak: float | None = None
+    num_gpus: int | None = None
+    rate_per_gpu_req_s: float | None = None
+    price_usd_per_gpu_hour: float | None = None
+    usd_per_m_output_tokens: float | None = None
+    message: str = ""
+
+
+def failed_row(point: SweepPoint, allocator: str) -> CapacityRow:
+    return CapacityRow(point.index, point.knobs, allocator, "failed", message=point.error or "")
+
+
+def summarize_searches(point: SweepPoint, allocator: str, results: Sequence[SearchResult],
+                       price_usd_per_gpu_hour: float | None, note: str | None = None) -> CapacityRow:
+    """Fold one (point, allocator)'s per-seed searches into a table row."""
+    assert point.deployment is not None and point.scenario is not None and results
+    dep = point.deployment
+    num_gpus = dep.capacity.tp * point.scenario.num_replicas
+    los = [r.lo_rate_req_s for r in results]
+    his = [r.hi_rate_req_s for r in results]
+    at_max = [r.at_max for r in results if r.at_max is not None]
+    base = dict(point_index=point.index, knobs=point.knobs, allocator=allocator, num_seeds=len(results),
+                kv_capacity_tokens=dep.capacity_tokens, num_gpus=num_gpus,
+                price_usd_per_gpu_hour=price_usd_per_gpu_hour)
+    if not at_max:
+        lowest = min((p for r in results for p in r.probes), key=lambda p: p.rate_req_s)
+        return CapacityRow(**base, status="slo-unmet", max_rate_req_s=0.0, rate_ci_low_req_s=0.0,
+                           rate_ci_high_req_s=min(h for h in his if h is not None),
+                           message=f"SLO fails even at {lowest.rate_req_s:.4g} req/s: "
+                                   + "; ".join(lowest.failures))
+    rate = statistics.fmean(los)
+    tok_s = statistics.fmean(p.throughput_tok_s for p in at_max)
+    usd = (price_usd_per_gpu_hour * num_gpus / (3600.0 * tok_s) * 1e6
+           if price_usd_per_gpu_hour is not None and tok_s > 0 else None)
+    unbounded = any(h is None for h in his)
+    messages = [note] if note else []
+    if unbounded:
+        messages.append(f"SLO holds at every rate tried (up to {max(los):.4g} req/s): the workload "
+                        "is too short to load the system; raise workload.num_requests")
+    return CapacityRow(
+        **base, status="unbounded" if unbounded else "ok", max_rate_req_s=rate,
+        rate_ci_low_req_s=min(los),
+        rate_ci_high_req_s=None if unbounded else max(h for h in his if h is not None),
+        throughput_tok_s=tok_s, goodput_req_s=statistics.fmean(p.goodput_req_s for p in at_max),
+        ttft_p99_s=_mean([p.ttft_p99_s for p in at_max]), tpot_p99_s=_mean([p.tpot_p99_s for p in at_max]),
+        max_concurrency=max(p.max_batch_size for p in at_max),
+        limited_by="/".join(sorted({limited_by(p, dep.scheduler_config.max_num_seqs) for p in at_max})),
+        kv_used_peak=max((p.kv_used_peak for p in at_max if p.kv_used_peak is not None), default=None),
+        rate_per_gpu_req_s=rate / num_gpus, usd_per_m_output_tokens=usd, message="; ".join(messages),
+    )
+
+
+def _mean(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.fmean(present) if present else None
+
+
+def parse_price_arg(text: str) -> tuple[str, float]:
+    """``"h100=2.49"`` -> ``("H100-80GB", 2.49)``: a GPU's price per GPU-hour in USD."""
+    name, sep, value = text.partition("=")
+    try:
+        price = float(value)
+    except ValueError:
+        price = math.nan
+    if not sep or not name.strip() or not (price > 0 and math.isfinite(price)):
+        raise KvplanError(f"--price expects GPU=USD_PER_HOUR (a positive number), got '{text}'")
+    return get_gpu(name.strip()).name, price
+
+
+def gpu_price(dep: Deployment, overrides: dict[str, float]) -> float | None:
+    """USD per GPU-hour: ``--price`` first, else the GPU catalog's typical on-demand price
+    (sources in simulator/kv/gpus.py); None when neither is known."""
+    price = overrides.get(dep.gpu.name, dep.gpu.price_usd_per_hour)
+    return price if price and price > 0 else None
