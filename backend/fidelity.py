@@ -134,7 +134,7 @@ def _refit_on_run(profile_path: Path, train: RealtimeResult) -> None:
     if len(y) < 2 * len(FEATURES):
         return  # too few steps to fit: keep the sweep's coefficients
     heldout = np.arange(len(y)) % 4 == 3
-    coef = fit_linear(x[~heldout], y[~heldout])
+    coef = fit_linear(x[~heldout], y[~heldout], relative=False)  # unbiased in total time
     pred = x @ coef
     raw["fit"]["sweep_coefficients_s"] = raw["latency_model"]["coefficients_s"]
     raw["latency_model"]["coefficients_s"] = {n: float(c) for n, c in zip(FEATURES, coef)}

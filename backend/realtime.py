@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from backend.runner import ModelRunner
-from simulator.engine import Replica, RequestTimes, SimResult
+from simulator.engine import Replica, RequestTimes, SimResult, step_row
 from simulator.kv.allocator import KVAllocator
 from simulator.kv.paged import PagedAllocator
 from simulator.latency.profile import features
@@ -173,13 +173,7 @@ class _Loop:
         for g in outcome.finished:
             self.times[self.index_of[g.request_id]].finished_s = now
         self._account(len(outcome.finished))
-        snap = self.allocator.snapshot(sched.written_tokens(), sched.head())
-        self.steps.append((
-            0, plan.step_id, start, now - start, len(plan.prefills), plan.num_prefill_tokens,
-            plan.num_decode_seqs, sched.num_running_seqs, len(sched.waiting) + len(sched.swapped),
-            len(plan.preempted), snap.token_state, snap.reserved, snap.internal_fragmentation,
-            snap.external_fragmentation, snap.free, snap.shared_saved_tokens,
-        ))
+        self.steps.append(step_row(0, plan, start, now - start, sched, self.allocator))
         self.samples.append(StepSample(plan.step_id, features(plan, self.block_size), now - start, execute_s))
 
     def check_accounted(self) -> None:

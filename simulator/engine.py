@@ -23,6 +23,7 @@ import simpy
 
 from simulator.kv.allocator import KVAllocator
 from simulator.latency import LatencyModel
+from simulator.plan import StepPlan
 from simulator.scheduler import Group, Scheduler, Status
 from workloads.request import Request
 
@@ -32,6 +33,18 @@ STEP_COLUMNS = (
     "kv_token_state", "kv_reserved", "kv_internal_fragmentation", "kv_external_fragmentation",
     "kv_free", "kv_shared_saved",
 )  # KV columns are in token slots
+
+
+def step_row(replica: int, plan: StepPlan, start_s: float, duration_s: float, sched: Scheduler,
+             alloc: KVAllocator) -> tuple:
+    """One row of STEP_COLUMNS, taken after ``sched.complete(plan)`` (the KV state after the step)."""
+    snap = alloc.snapshot(sched.written_tokens(), sched.head())
+    return (
+        replica, plan.step_id, start_s, duration_s, len(plan.prefills), plan.num_prefill_tokens,
+        plan.num_decode_seqs, sched.num_running_seqs, len(sched.waiting) + len(sched.swapped),
+        len(plan.preempted), snap.token_state, snap.reserved, snap.internal_fragmentation,
+        snap.external_fragmentation, snap.free, snap.shared_saved_tokens,
+    )
 
 
 @dataclass(slots=True)
@@ -141,13 +154,7 @@ def simulate(
                 rep.outstanding -= len(outcome.finished)
                 account(len(outcome.finished))
             if record_steps:
-                snap = alloc.snapshot(sched.written_tokens(), sched.head())
-                steps.append((
-                    rep.index, plan.step_id, now, dt, len(plan.prefills), plan.num_prefill_tokens,
-                    plan.num_decode_seqs, sched.num_running_seqs, len(sched.waiting) + len(sched.swapped),
-                    len(plan.preempted), snap.token_state, snap.reserved, snap.internal_fragmentation,
-                    snap.external_fragmentation, snap.free, snap.shared_saved_tokens,
-                ))
+                steps.append(step_row(rep.index, plan, now, dt, sched, alloc))
 
     all_arrived = [False]
 

@@ -66,8 +66,14 @@ def features(plan: StepPlan, block_size: int) -> tuple[float, ...]:
     )
 
 
-def fit_linear(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Non-negative coefficients minimising Σ ((x·c − y) / y)².
+def fit_linear(x: np.ndarray, y: np.ndarray, *, relative: bool = True) -> np.ndarray:
+    """Non-negative coefficients minimising Σ ((x·c − y) / y)² (or Σ (x·c − y)² with
+    ``relative=False``).
+
+    Relative errors suit a sweep whose shapes span orders of magnitude. Absolute errors suit the
+    steps of a served trace: their residuals sum to ~0, so the total busy time — and with it
+    throughput and end-to-end latency — is not biased (relative least squares under-predicts
+    noisy steps on average).
 
     Columns that are all zero get 0. A negative least-squares coefficient is pinned to 0 and the
     rest refitted (an active-set loop; a handful of columns, so it converges in a few rounds).
@@ -76,7 +82,7 @@ def fit_linear(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     y = np.asarray(y, dtype=np.float64)
     if x.ndim != 2 or x.shape[0] != y.shape[0] or np.any(y <= 0):
         raise ValueError("fit_linear needs a 2-D x with one positive y per row")
-    w = 1.0 / y
+    w = 1.0 / y if relative else np.ones_like(y)
     xw, yw = x * w[:, None], y * w
     scale = np.where(np.abs(xw).max(axis=0) > 0, np.abs(xw).max(axis=0), 1.0)
     active = [j for j in range(x.shape[1]) if np.any(x[:, j] != 0)]
