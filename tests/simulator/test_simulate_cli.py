@@ -55,14 +55,6 @@ workload:
 """
 
 
-def have_plots() -> bool:
-    try:
-        import simulator.plots  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def simulate(capsys, *args: str) -> tuple[int, str, str]:
     capsys.readouterr()
     rc = main(["simulate", *map(str, args)])
@@ -78,13 +70,11 @@ def write(folder: Path, name: str, text: str) -> Path:
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory) -> Path:
-    """One run with every output (plots too when the plots module is there)."""
+    """One run with every output, plots included."""
     folder = tmp_path_factory.mktemp("cli")
     scenario = write(folder, "small.yaml", SMALL)
     out = folder / "out"
     args = ["simulate", str(scenario), "--num-requests", "200", "--out", str(out), "--quiet"]
-    if not have_plots():
-        args.append("--no-plots")
     assert main(args) == 0
     return out
 
@@ -155,10 +145,6 @@ def test_run_json_records_the_inputs(full_run):
 
 
 def test_plots_are_written(full_run):
-    try:
-        import simulator.plots  # noqa: F401
-    except ImportError:
-        pytest.skip("simulator.plots is not there yet")
     for name in PLOTS:
         assert (full_run / name).read_bytes()[:8] == PNG_MAGIC, name
 
@@ -166,8 +152,6 @@ def test_plots_are_written(full_run):
 def test_same_scenario_and_seed_give_identical_files(full_run, tmp_path):
     again = tmp_path / "again"
     args = [full_run.parent / "small.yaml", "--num-requests", "200", "--out", again, "--quiet"]
-    if not have_plots():
-        args.append("--no-plots")
     assert main(["simulate", *map(str, args)]) == 0
     names = sorted(p.name for p in full_run.iterdir())
     assert names == sorted(p.name for p in again.iterdir())
