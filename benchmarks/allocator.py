@@ -154,14 +154,13 @@ def build_trace(num_requests: int) -> list[tuple]:
     return ops
 
 
-def replay_kvplan(ops: list[tuple], lazy: bool) -> float:
-    a = PagedAllocator(NUM_BLOCKS, BLOCK, enable_prefix_caching=True)
-    allocate, append, fork, free, until = a.allocate, a.append, a.fork, a.free, a.tokens_until_append
+def replay(ops: list[tuple], allocate, append, fork, free, until=None) -> float:  # type: ignore[no-untyped-def]
+    """Seconds to apply ``ops``; with ``until`` (lazy), appends inside the allocation are skipped."""
     t = time.perf_counter()
     for op in ops:
         kind = op[0]
         if kind == "append":
-            if lazy and until(op[1], op[2] - 1) > 0:
+            if until is not None and until(op[1], op[2] - 1) > 0:
                 continue
             append(op[1], op[2])
         elif kind == "alloc":
@@ -173,21 +172,14 @@ def replay_kvplan(ops: list[tuple], lazy: bool) -> float:
     return time.perf_counter() - t
 
 
+def replay_kvplan(ops: list[tuple], lazy: bool) -> float:
+    a = PagedAllocator(NUM_BLOCKS, BLOCK, enable_prefix_caching=True)
+    return replay(ops, a.allocate, a.append, a.fork, a.free, a.tokens_until_append if lazy else None)
+
+
 def replay_baseline(ops: list[tuple]) -> float:
     m = BaselineBlockManager(NUM_BLOCKS, BLOCK)
-    allocate, append, fork, free = m.allocate, m.append, m.fork, m.free_seq
-    t = time.perf_counter()
-    for op in ops:
-        kind = op[0]
-        if kind == "append":
-            append(op[1], op[2])
-        elif kind == "alloc":
-            allocate(op[1], op[2], op[3], op[4])
-        elif kind == "fork":
-            fork(op[1], op[2], op[3])
-        else:
-            free(op[1])
-    return time.perf_counter() - t
+    return replay(ops, m.allocate, m.append, m.fork, m.free_seq)
 
 
 def main() -> int:

@@ -30,10 +30,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simulator.errors import KvplanError, did_you_mean
+from simulator.yamlfile import read_yaml
 from workloads.spec import WorkloadSpec, format_validation_error
 
 ALLOCATORS: tuple[str, ...] = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
@@ -126,12 +126,6 @@ class Scenario(_Spec):
         return value
 
 
-def _yaml_error(where: str, err: yaml.YAMLError) -> KvplanError:
-    mark = getattr(err, "problem_mark", None)
-    line = f":{mark.line + 1}" if mark is not None else ""
-    return KvplanError(f"{where}{line}: not valid YAML ({getattr(err, 'problem', None) or err})")
-
-
 def parse_scenario(data: object, where: str) -> Scenario:
     if not isinstance(data, dict):
         raise KvplanError(f"{where}: a scenario is a mapping of keys (model, gpu, workload, ...)")
@@ -149,16 +143,7 @@ def load_scenario(path: str | Path, overrides: dict[str, object] | None = None) 
     """
     p = Path(path)
     where = str(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise KvplanError(f"{where}: no such scenario file") from None
-    except IsADirectoryError:
-        raise KvplanError(f"{where}: is a directory, not a scenario file") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise _yaml_error(where, err) from None
+    data = read_yaml(p, "scenario")
     if data is None:
         raise KvplanError(f"{where}: the scenario file is empty")
     if not isinstance(data, dict):

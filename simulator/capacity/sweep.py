@@ -36,6 +36,7 @@ from simulator.errors import KvplanError, unknown_name
 from simulator.kv.gpus import get_gpu
 from simulator.run import load_requests
 from simulator.scenario import Scenario, parse_scenario, set_dotted
+from simulator.yamlfile import read_yaml
 from workloads.synthetic import mean_rate_per_s
 
 SWEEP_KEY = "sweep"
@@ -59,16 +60,7 @@ def read_capacity_scenario(path: str | Path, overrides: dict[str, object] | None
     """Read ``path``, split off ``sweep:``, apply dotted ``overrides`` and check the rest is a
     valid scenario with an ``slo:`` that bounds at least one latency. Errors -> KvplanError."""
     p, where = Path(path), str(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise KvplanError(f"{where}: no such scenario file") from None
-    except IsADirectoryError:
-        raise KvplanError(f"{where}: is a directory, not a scenario file") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise KvplanError(f"{where}{line}: not valid YAML ({getattr(err, 'problem', None) or err})") from None
+    data = read_yaml(p, "scenario")
     if not isinstance(data, dict):
         raise KvplanError(f"{where}: a scenario is a mapping of keys (model, gpu, workload, ...)")
     sweep = data.pop(SWEEP_KEY, None) or {}

@@ -37,11 +37,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from simulator.errors import KvplanError
 from simulator.kv.models import canonical_dtype
 from simulator.plan import StepPlan
+from simulator.yamlfile import read_yaml
 
 PROFILE_VERSION = 1
 FORM = "linear-v1"
@@ -118,16 +118,8 @@ class Profile:
 
 def read_profile(path: str | Path) -> Profile:
     """Parse and validate a profile file; any problem is a one-line KvplanError naming the file."""
-    p = Path(path)
     where = str(path)
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise KvplanError(f"{where}: no such profile file") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise KvplanError(f"{where}{line}: not valid YAML ({getattr(err, 'problem', err)})") from None
+    raw = read_yaml(path, "profile")
     if not isinstance(raw, dict) or "kvplan_profile" not in raw:
         raise KvplanError(f"{where}: not a kvplan profile (no 'kvplan_profile' version key)")
     if raw["kvplan_profile"] != PROFILE_VERSION:
