@@ -251,30 +251,29 @@ class PagedAllocator(KVAllocator):
         table = self.block_tables[seq_id]
         bs, ref_count, fill = self.block_size, self.ref_count, self.fill
         old_len = len(table)
-        if num_tokens <= old_len * bs and old_len and ref_count[table[-1]] == 1:
-            # the common case: room in a private last block -> no block, no copy
+        capacity = old_len * bs
+        private_last = not old_len or ref_count[table[-1]] == 1
+        # the two common cases first (the simulator's hot path): room in a private last block, or
+        # exactly one new block after a private full one; everything else takes the general path
+        if private_last and num_tokens <= capacity + bs and (num_tokens <= capacity or self._free):
             old_tokens = self.num_tokens[seq_id]
-            if num_tokens > old_tokens:
-                fill[table[-1]] = num_tokens - (old_len - 1) * bs
-                self.num_tokens[seq_id] = num_tokens
-                self._sum_tokens += num_tokens - old_tokens
-                if seq_id in self._seq_hashes:
-                    self._register_hashes(seq_id, num_tokens)
-            return NO_COPIES
-        if (old_len * bs < num_tokens <= old_len * bs + bs and self._free
-                and (not old_len or ref_count[table[-1]] == 1)):
-            # the next most common case: exactly one new block after a private full one
-            b = self._free.pop()
-            ref_count[b] = 1
-            if old_len:
-                fill[table[-1]] = bs
-            fill[b] = num_tokens - old_len * bs
-            table.append(b)
-            final = self.final_tokens[seq_id]
-            self._sum_alloc += bs
-            self._sum_useful += min(old_len * bs + bs, final) - min(old_len * bs, final)
-            self._sum_tokens += num_tokens - self.num_tokens[seq_id]
+            if num_tokens > capacity:
+                b = self._free.pop()
+                ref_count[b] = 1
+                if old_len:
+                    fill[table[-1]] = bs
+                fill[b] = num_tokens - capacity
+                table.append(b)
+                final = self.final_tokens[seq_id]
+                self._sum_alloc += bs
+                if final > capacity:  # Σ min(allocated, final) grows by what of the block is useful
+                    self._sum_useful += bs if final >= capacity + bs else final - capacity
+            elif num_tokens > old_tokens:
+                fill[table[-1]] = num_tokens - capacity + bs
+            else:
+                return NO_COPIES
             self.num_tokens[seq_id] = num_tokens
+            self._sum_tokens += num_tokens - old_tokens
             if seq_id in self._seq_hashes:
                 self._register_hashes(seq_id, num_tokens)
             return NO_COPIES

@@ -447,7 +447,7 @@ class Scheduler:
             num_swap_out_blocks=self._swap_out_tokens // bs,
             num_swap_in_blocks=self._swap_in_tokens // bs,
             cow_copies=tuple((src, dst) for _, src, dst, _ in copies),
-            num_copy_tokens=self._copy_tokens + sum(t for *_, t in copies),
+            num_copy_tokens=self._copy_tokens + (sum(t for *_, t in copies) if copies else 0),
             preempted=tuple(self._preempted),
             details=details,
         )
