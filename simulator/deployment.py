@@ -114,7 +114,7 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
             beam_replace_prob=scenario.beam_replace_prob, seed=scenario.seed,
         )
     except ValueError as err:
-        raise KvplanError(str(err)) from None
+        raise KvplanError(f"{where}: {err}") from None
     latency = _latency_model(scenario, base_dir, model, gpu, cap, force_profile)
     return Deployment(scenario, model, gpu, cap, num_blocks, sched, latency)
 
