@@ -38,13 +38,12 @@ STEP_COLUMNS = (
 def step_row(replica: int, plan: StepPlan, start_s: float, duration_s: float, sched: Scheduler,
              alloc: KVAllocator) -> tuple:
     """One row of STEP_COLUMNS, taken after ``sched.complete(plan)`` (the KV state after the step)."""
-    snap = alloc.snapshot(sched.written_tokens(), sched.head())
+    prefills = plan.prefills
     return (
-        replica, plan.step_id, start_s, duration_s, len(plan.prefills), plan.num_prefill_tokens,
-        plan.num_decode_seqs, sched.num_running_seqs, len(sched.waiting) + len(sched.swapped),
-        len(plan.preempted), snap.token_state, snap.reserved, snap.internal_fragmentation,
-        snap.external_fragmentation, snap.free, snap.shared_saved_tokens,
-    )
+        replica, plan.step_id, start_s, duration_s, len(prefills),
+        plan.num_prefill_tokens if prefills else 0, plan.num_decode_seqs, sched.num_running_seqs,
+        len(sched.waiting) + len(sched.swapped), len(plan.preempted),
+    ) + alloc.snapshot_parts(sched.written_tokens(), sched.head())
 
 
 @dataclass(slots=True)

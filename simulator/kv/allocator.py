@@ -198,23 +198,23 @@ class KVAllocator(ABC):
         counts are used. ``head`` is the (num_tokens, final_tokens) of the request waiting at the
         head of the queue, for external fragmentation.
         """
+        return MemorySnapshot(self.capacity_tokens, *self.snapshot_parts(num_written_tokens, head))
+
+    def snapshot_parts(
+        self, num_written_tokens: int | None = None, head: tuple[int, int] | None = None
+    ) -> tuple[int, int, int, int, int, int]:
+        """:meth:`snapshot` as a plain tuple (token state, reserved, internal, external, free,
+        shared saved): what the engine records every step, without building a record."""
         written = self._sum_tokens if num_written_tokens is None else num_written_tokens
         allocated = self._sum_alloc - self._dup_slots
         token_state = written - self._saved_tokens
         reserved = self._sum_useful - written - (self._dup_slots - self._saved_tokens)
-        reserved = max(reserved, 0)
+        if reserved < 0:
+            reserved = 0
         internal = allocated - token_state - reserved
         free = self.capacity_tokens - allocated
         external = self.external_fragmentation(head) if head is not None else 0
-        return MemorySnapshot(
-            capacity_tokens=self.capacity_tokens,
-            token_state=token_state,
-            reserved=reserved,
-            internal_fragmentation=internal,
-            external_fragmentation=external,
-            free=free - external,
-            shared_saved_tokens=self._saved_tokens,
-        )
+        return (token_state, reserved, internal, external, free - external, self._saved_tokens)
 
     def _check_aggregates(self, sum_alloc: int, sum_useful: int, dup: int, saved: int) -> None:
         assert self._sum_alloc == sum_alloc, (self._sum_alloc, sum_alloc)

@@ -437,6 +437,12 @@ class Scheduler:
         if copies and self._preempted:  # a copy for a sequence preempted later this step is void
             copies = [c for c in copies if c[0] in self.alloc]
         details = self._details(d, chunks) if self.detail else None
+        if not copies:  # the common step: positional fields, no generator work (hot path)
+            return StepPlan(
+                self.step_id, tuple(chunks), n, s1 + n, float(s2 + 2 * s1 + n),
+                self._max_context(d) + 1 if n else 0, self._swap_out_tokens // bs,
+                self._swap_in_tokens // bs, (), self._copy_tokens, tuple(self._preempted), details,
+            )
         return StepPlan(
             step_id=self.step_id,
             prefills=tuple(chunks),
@@ -447,7 +453,7 @@ class Scheduler:
             num_swap_out_blocks=self._swap_out_tokens // bs,
             num_swap_in_blocks=self._swap_in_tokens // bs,
             cow_copies=tuple((src, dst) for _, src, dst, _ in copies),
-            num_copy_tokens=self._copy_tokens + (sum(t for *_, t in copies) if copies else 0),
+            num_copy_tokens=self._copy_tokens + sum(t for *_, t in copies),
             preempted=tuple(self._preempted),
             details=details,
         )
