@@ -32,8 +32,10 @@ from collections import deque
 
 from simulator.kv.allocator import AllocFailure, KVAllocator
 from simulator.kv.prefix import block_hashes
-from simulator.plan import PrefillChunk, SeqDetail, StepPlan
+from simulator.plan import PrefillChunk, StepPlan
+from simulator.scheduler.beams import reshuffle_beams
 from simulator.scheduler.config import SchedulerConfig
+from simulator.scheduler.details import step_details
 from simulator.scheduler.state import Group, Status, StepOutcome
 from workloads.request import Request
 
@@ -394,24 +396,8 @@ class Scheduler:
             self._events.setdefault(due, []).append((_GROW, g, g.epoch, g.grow_token))
 
     def _reshuffle_beams(self, g: Group, d: int) -> None:
-        """Beam search, statistically: at each block boundary some beams lose to others. A dead
-        beam frees its KV; its replacement forks a surviving beam (sharing its blocks, COW on the
-        next write). At least one beam survives."""
-        rng, alloc = self._rng, self.alloc
-        length = g.kv_len(d)
-        k = len(g.seq_ids)
-        dead = [i for i in range(k) if rng.random() < self.config.beam_replace_prob]
-        if len(dead) == k:
-            dead.remove(rng.randrange(k))
-        alive = [i for i in range(k) if i not in dead]
-        for i in dead:
-            donor = g.seq_ids[rng.choice(alive)]
-            alloc.free(g.seq_ids[i])
-            child = self._new_seq_id()
-            r = alloc.fork(donor, child, length)
-            assert r is not None, "a freed region of the same size always fits a fork"
-            self._copy_tokens += r.num_copied_tokens
-            g.seq_ids[i] = child
+        self._copy_tokens += reshuffle_beams(g, g.kv_len(d), self.alloc, self._rng,
+                                             self.config.beam_replace_prob, self._new_seq_id)
         end = g.anchor_counter + g.final_tokens - g.anchor_len
         if d + self.config.block_size < end:
             self._events.setdefault(d + self.config.block_size, []).append((_BEAM, g, g.epoch, 0))
@@ -436,7 +422,7 @@ class Scheduler:
         copies = self._copies
         if copies and self._preempted:  # a copy for a sequence preempted later this step is void
             copies = [c for c in copies if c[0] in self.alloc]
-        details = self._details(d, chunks) if self.detail else None
+        details = step_details(self.alloc, chunks, self.decoding.values(), d) if self.detail else None
         if not copies:  # the common step: positional fields, no generator work (hot path)
             return StepPlan(
                 self.step_id, tuple(chunks), n, s1 + n, float(s2 + 2 * s1 + n),
@@ -457,26 +443,6 @@ class Scheduler:
             preempted=tuple(self._preempted),
             details=details,
         )
-
-    def _details(self, d: int, chunks: list[PrefillChunk]) -> tuple[SeqDetail, ...]:
-        alloc = self.alloc
-        out = []
-        for c in chunks:
-            out.append(
-                SeqDetail(
-                    c.seq_id, c.num_computed_tokens, c.num_tokens, c.context_tokens,
-                    alloc.block_table(c.seq_id),
-                    tuple(alloc.slot_mapping(c.seq_id, c.num_computed_tokens, c.num_tokens)),
-                )
-            )
-        for g in self.decoding.values():
-            length = g.kv_len(d)
-            for s in g.seq_ids:
-                out.append(
-                    SeqDetail(s, length, 1, length + 1, alloc.block_table(s),
-                              tuple(alloc.slot_mapping(s, length, 1)))
-                )
-        return tuple(out)
 
     # ------------------------------------------------------------------ complete
     def complete(self, plan: StepPlan) -> StepOutcome:
