@@ -78,4 +78,9 @@ def print_summary(console: Console, summary: dict[str, dict[str, Any]], deployme
         f" max_model_len {d['max_model_len']:,}"
     )
     console.print(summary_table(summary, "per allocator (KV shares are time-averaged over busy time)"))
+    rejected = {a: s["rejected_by_reason"] for a, s in summary.items() if s["rejected"]}
+    for alloc, reasons in rejected.items():
+        console.print(f"rejected at arrival ({alloc}): "
+                      + ", ".join(f"{n:,} {why}" for why, n in reasons.items())
+                      + " — reject_reason in requests.csv says why")
     console.print(f"results in {out_dir}/")
