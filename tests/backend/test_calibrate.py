@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,13 +18,7 @@ from simulator.latency.profile import FEATURES, ProfileLatency, check_profile_ma
 from simulator.plan import StepPlan
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: on a shared CPU, spinning worker threads make timings erratic."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def run_cli(*argv: str) -> int:

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from backend.cli import add_fidelity_parser
 from backend.fidelity import FidelityOptions, run_fidelity
@@ -19,11 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = str(ROOT / "scenarios" / "fidelity-cpu.yaml")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_short_cpu_replay_makes_identical_decisions(tmp_path):

@@ -4,11 +4,10 @@ durations makes the same scheduling decisions."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
-import torch
 
 from backend.realtime import ReplayLatency, run_realtime
 from backend.runner import ModelRunner
@@ -37,13 +36,7 @@ def replica_factory(config: SchedulerConfig) -> Callable[[int], tuple[Scheduler,
 make_replica = replica_factory(CONFIG)
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: on a shared CPU, spinning worker threads make step times erratic."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def trace() -> list[Request]:
