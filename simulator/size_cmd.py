@@ -5,6 +5,7 @@ Examples::
     kvplan size --model llama-2-13b --seq-len 2048
     kvplan size --layers 32 --kv-heads 8 --head-dim 128 --seq-len 6000
     kvplan size --model meta-llama/Llama-3.1-8B --gpu h100 --json
+    kvplan size --model llama-3.1-70b --gpu a100 --tp 2 --quantization awq
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--kv-cache-dtype", default="auto",
                    help="fp32, fp16, bf16, fp8 (fp8_e4m3, fp8_e5m2), int8, or auto = the model's"
                         " torch_dtype (fp16 with explicit dimensions)")
-    p.add_argument("--weight-dtype", default="auto",
-                   help="weight storage dtype for --gpu (auto = the model's)")
+    p.add_argument("--quantization", default="auto",
+                   help="vLLM's --quantization for --gpu: auto (the checkpoint's"
+                        " quantization_config), none, fp8, int8 (W8A8), awq, gptq, mxfp4,"
+                        " compressed-tensors")
     p.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (default 2048)")
     p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (default 1)")
@@ -83,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
             model, get_gpu(args.gpu), tp=args.tp, kv_cache_dtype=args.kv_cache_dtype,
             block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
             max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-            max_model_len=args.max_model_len, weight_dtype=args.weight_dtype)
+            max_model_len=args.max_model_len, quantization=args.quantization)
     result = _result(args, model, layout, total_bytes, capacity)
     if args.json:
         print(json.dumps(result, indent=2))
@@ -148,6 +151,7 @@ def _result(args: argparse.Namespace, model: ModelConfig | None, layout: KVLayou
             "capacity_tokens": cap.capacity_tokens, "max_model_len": cap.max_model_len,
             "max_concurrency": cap.max_concurrency,
             "max_seqs_at_seq_len": cap.num_blocks // blocks_per_seq,
+            "weights": cap.weight_format.describe(),
             "notes": list(cap.notes),
         })
     return result
@@ -165,6 +169,9 @@ def _table(args: argparse.Namespace, result: dict[str, Any], cap: KVCapacity | N
     if cap is not None:
         fit = f"{result['max_seqs_at_seq_len']:,} (blocks of {cap.block_size})"
         rows.append((f"sequences of {args.seq_len:,} that fit", fit))
+        fmt = cap.weight_format
+        rows.append(("weights", f"{fmt.weight_dtype} (quantization {fmt.quantization},"
+                                f" {fmt.origin}), GEMMs in {fmt.gemm_dtype}"))
     width = max(len(label) for label, _ in rows)
     lines = [f"{label:<{width}}  {value}" for label, value in rows]
     if cap is not None:

@@ -5,7 +5,7 @@ Conventions (so every entry is comparable):
 * ``hbm_bytes`` is the datasheet capacity read as GiB (80 GB -> 80 × 2**30), as vLLM's planning
   and the seed chapter do; the driver reports slightly less (an H100-80GB shows ~79.2 GiB).
 * Throughputs are *dense* (no 2:4 sparsity) tensor-core FLOP/s; ``dense_fp8_flops`` is 0 where
-  the GPU has no fp8 tensor cores.
+  the GPU has no fp8 tensor cores, ``dense_int8_ops`` (int8 ops/s) 0 where it has no int8 ones.
 * Link bandwidths are *per direction*: datasheets quote NVLink / Infinity Fabric / PCIe as the
   bidirectional sum (NVLink 4: 900 GB/s = 450 each way; PCIe 4.0 x16: 64 GB/s = 32 each way),
   and a ring all-reduce or a one-way swap copy moves data one way per link. GPUs without a GPU
@@ -39,6 +39,8 @@ class GPUSpec:
     interconnect_bandwidth_bytes_s: float  # NVLink / xGMI per GPU per direction, else PCIe
     pcie_bandwidth_bytes_s: float  # host link per direction (KV swap traffic)
     price_usd_per_hour: float
+    # Dense int8 tensor-core ops/s (TOPS × 1e12), what W8A8 int8 GEMMs run at; 0 = none.
+    dense_int8_ops: float = 0.0
 
     @property
     def hbm_gib(self) -> float:
@@ -49,33 +51,48 @@ _CATALOG: tuple[GPUSpec, ...] = (
     # NVIDIA A100 datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4): 40 GB HBM2 1,555 GB/s,
     # BF16 312 TFLOPS dense, NVLink 3 600 GB/s, PCIe 4.0. Price: Lambda on-demand 1x A100 40GB
     # SXM4, $1.29/GPU-h (lambda.ai/pricing, 2025).
-    GPUSpec("A100-40GB", 40 * _GIB, 1.555e12, 312e12, 0.0, 300e9, _PCIE4_BYTES_S, 1.29),
+    # INT8 624 TOPS dense (1,248 with sparsity), same datasheet.
+    GPUSpec("A100-40GB", 40 * _GIB, 1.555e12, 312e12, 0.0, 300e9, _PCIE4_BYTES_S, 1.29,
+            dense_int8_ops=624e12),
     # Same datasheet, 80 GB HBM2e 2,039 GB/s. Price: Lambda 8x A100 80GB SXM4, $1.79/GPU-h (2025).
-    GPUSpec("A100-80GB", 80 * _GIB, 2.039e12, 312e12, 0.0, 300e9, _PCIE4_BYTES_S, 1.79),
+    GPUSpec("A100-80GB", 80 * _GIB, 2.039e12, 312e12, 0.0, 300e9, _PCIE4_BYTES_S, 1.79,
+            dense_int8_ops=624e12),
     # NVIDIA H100 datasheet (SXM5): 80 GB HBM3 3.35 TB/s, BF16 989 TFLOPS and FP8 1,979 TFLOPS
     # dense (half the "with sparsity" figures), NVLink 4 900 GB/s, PCIe 5.0.
     # Price: Lambda 8x H100 SXM, $2.99/GPU-h (lambda.ai/pricing, 2025).
-    GPUSpec("H100-80GB", 80 * _GIB, 3.35e12, 989.4e12, 1978.9e12, 450e9, _PCIE5_BYTES_S, 2.99),
+    # INT8 1,979 TOPS dense (3,958 with sparsity), same datasheet.
+    GPUSpec("H100-80GB", 80 * _GIB, 3.35e12, 989.4e12, 1978.9e12, 450e9, _PCIE5_BYTES_S, 2.99,
+            dense_int8_ops=1978.9e12),
     # NVIDIA H200 product page (SXM): 141 GB HBM3e 4.8 TB/s, same tensor cores as H100,
     # NVLink 900 GB/s. Price: RunPod on-demand H200 SXM, $3.99/GPU-h (runpod.io/pricing, 2025).
-    GPUSpec("H200-141GB", 141 * _GIB, 4.8e12, 989.4e12, 1978.9e12, 450e9, _PCIE5_BYTES_S, 3.99),
+    # INT8 3,958 TOPS with sparsity (H200 datasheet), 1,979 dense.
+    GPUSpec("H200-141GB", 141 * _GIB, 4.8e12, 989.4e12, 1978.9e12, 450e9, _PCIE5_BYTES_S, 3.99,
+            dense_int8_ops=1978.9e12),
     # NVIDIA L4 datasheet: 24 GB GDDR6 300 GB/s, BF16 242 / FP8 485 TFLOPS with sparsity (so
     # 121 / 242.5 dense), PCIe 4.0 x16 only. Price: Google Cloud g2-standard-4 (1x L4),
     # ~$0.71/h in us-central1 (cloud.google.com/compute/gpus-pricing, 2025).
-    GPUSpec("L4", 24 * _GIB, 300e9, 121e12, 242.5e12, _PCIE4_BYTES_S, _PCIE4_BYTES_S, 0.71),
+    # INT8 485 TOPS with sparsity (same datasheet), 242.5 dense.
+    GPUSpec("L4", 24 * _GIB, 300e9, 121e12, 242.5e12, _PCIE4_BYTES_S, _PCIE4_BYTES_S, 0.71,
+            dense_int8_ops=242.5e12),
     # NVIDIA A10G (AWS's A10 variant): 24 GB GDDR6 600 GB/s, ~70 TFLOPS FP16/BF16 tensor
     # (baseten.co "NVIDIA A10 vs A10G for ML model inference"), PCIe 4.0, no fp8.
     # Price: AWS g5.xlarge on-demand, $1.006/h in us-east-1 (aws.amazon.com/ec2/pricing, 2025).
-    GPUSpec("A10G", 24 * _GIB, 600e9, 70e12, 0.0, _PCIE4_BYTES_S, _PCIE4_BYTES_S, 1.006),
+    # No int8 figure is published for the A10G; Ampere's int8 tensor rate is twice its FP16
+    # one on every datasheet (A10 125 / 250, A100 312 / 624), so 2 × 70 = 140 TOPS, derived.
+    GPUSpec("A10G", 24 * _GIB, 600e9, 70e12, 0.0, _PCIE4_BYTES_S, _PCIE4_BYTES_S, 1.006,
+            dense_int8_ops=140e12),
     # NVIDIA Ada Lovelace architecture whitepaper, appendix (GeForce RTX 4090): 24 GB GDDR6X
     # 1,008 GB/s; BF16 165.2 and FP8 330.3 TFLOPS dense with FP32 accumulate; no NVLink.
     # Price: RunPod secure cloud RTX 4090, $0.69/h (runpod.io/pricing, 2025).
+    # Same appendix: INT8 660.6 TOPS dense (1,321.2 with sparsity).
     GPUSpec("RTX-4090", 24 * _GIB, 1.008e12, 165.2e12, 330.3e12, _PCIE4_BYTES_S,
-            _PCIE4_BYTES_S, 0.69),
+            _PCIE4_BYTES_S, 0.69, dense_int8_ops=660.6e12),
     # AMD Instinct MI300X product page: 192 GB HBM3 5.3 TB/s, BF16 1,307.4 and FP8 2,614.9
     # TFLOPS dense, Infinity Fabric 896 GB/s peak aggregate (448 each way), PCIe 5.0.
     # Price: RunPod on-demand MI300X, $2.49/GPU-h (runpod.io/pricing, 2025).
-    GPUSpec("MI300X", 192 * _GIB, 5.3e12, 1307.4e12, 2614.9e12, 448e9, _PCIE5_BYTES_S, 2.49),
+    # Same page: INT8 2,614.9 TOPS dense (5,229.8 with sparsity).
+    GPUSpec("MI300X", 192 * _GIB, 5.3e12, 1307.4e12, 2614.9e12, 448e9, _PCIE5_BYTES_S, 2.49,
+            dense_int8_ops=2614.9e12),
 )
 
 # Short names people type; keys are normalized by _normalize.

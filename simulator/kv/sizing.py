@@ -14,7 +14,8 @@ Capacity (vLLM's profile run, done here analytically)::
     available = gpu_memory_utilization × HBM − weights/TP − peak activations − non-torch overhead
     num_blocks = floor(available / (block_size × β))
 
-(weights/TP ignores the few tensors vLLM replicates on every rank — norms, and k/v projections
+(weights: :class:`~simulator.kv.quantization.WeightFormat`, the checkpoint's or ``--quantization``'s
+format. weights/TP ignores the few tensors vLLM replicates on every rank — norms, and k/v projections
 once TP > H_kv — well under 1% of a rank's weights for the catalog models.)
 
 Peak activations, for a forward pass over ``max_num_batched_tokens`` = T tokens on one rank
@@ -34,11 +35,12 @@ as ``non_torch_memory``: cuBLAS workspaces, NCCL buffers, the allocator's slack;
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from simulator.errors import KvplanError, did_you_mean
 from simulator.kv.gpus import GPUSpec
 from simulator.kv.models import ModelConfig, canonical_dtype, dtype_bits
+from simulator.kv.quantization import WeightFormat, resolve_quantization
 
 GIB = 2**30
 MIB = 2**20
@@ -120,15 +122,20 @@ def kv_layout(num_layers: int, num_kv_heads: int, head_dim: int, *, dtype: str =
 
 
 def model_kv_layout(model: ModelConfig, kv_cache_dtype: str = "auto", tp: int = 1) -> KVLayout:
-    """The per-rank KV layout of ``model`` (``"auto"`` dtype = the model's torch_dtype)."""
+    """The per-rank KV layout of ``model`` (``"auto"`` dtype = the model's torch_dtype); its
+    notes say when sliding-window layers were sized as full attention."""
     dtype = resolve_kv_dtype(model, kv_cache_dtype)
     _require_positive("tp", tp)
     if model.num_attention_heads % tp:
         raise KvplanError(f"tp={tp} does not divide {model.name}'s {model.num_attention_heads}"
                           " attention heads")
     latent = model.kv_latent_width if model.is_mla else None
-    return kv_layout(model.num_hidden_layers, model.num_key_value_heads, model.head_dim,
-                     dtype=dtype, tp=tp, latent_width=latent)
+    layout = kv_layout(model.num_hidden_layers, model.num_key_value_heads, model.head_dim,
+                       dtype=dtype, tp=tp, latent_width=latent)
+    # Sliding-window layers are sized as full attention (hybrid KV is not modelled): say so,
+    # since every capacity figure built on this layout is then an upper bound on KV.
+    note = model.attention_note
+    return replace(layout, notes=(*layout.notes, note)) if note else layout
 
 
 def bytes_per_token(model: ModelConfig, kv_cache_dtype: str = "auto", tp: int = 1) -> int:
@@ -191,16 +198,19 @@ class KVCapacity:
     max_model_len: int
     max_concurrency: float  # capacity_tokens / max_model_len
     notes: tuple[str, ...]
+    weight_format: WeightFormat  # how the weights are stored and computed (quantization)
 
 
 def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype: str = "auto",
                 block_size: int = 16, gpu_memory_utilization: float = 0.9,
                 max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
-                max_model_len: int | None = None, weight_dtype: str = "auto") -> KVCapacity:
+                max_model_len: int | None = None, quantization: str = "auto") -> KVCapacity:
     """KV blocks that fit on each rank of ``gpu`` serving ``model`` (module docstring formula).
 
-    ``max_model_len`` defaults to the model's ``max_position_embeddings``. Raises KvplanError
-    when the weights (or weights plus activations) leave no room for even one block.
+    ``max_model_len`` defaults to the model's ``max_position_embeddings``; ``quantization`` is
+    vLLM's ``--quantization`` (``auto`` = the checkpoint's; see simulator/kv/quantization.py).
+    Raises KvplanError when the weights (or weights plus activations) leave no room for even
+    one block, or for a quantization the model or GPU cannot take.
     """
     for flag, value in (("block size", block_size), ("max num batched tokens",
                         max_num_batched_tokens), ("max num seqs", max_num_seqs)):
@@ -212,7 +222,8 @@ def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype
     _require_positive("max model len", model_len)
     layout = model_kv_layout(model, kv_cache_dtype, tp)
     budget = int(gpu_memory_utilization * gpu.hbm_bytes)
-    weights = math.ceil(model.weight_bytes(weight_dtype) / tp)
+    weight_format = resolve_quantization(model, quantization, gpu)
+    weights = math.ceil(weight_format.weight_bytes / tp)
     if weights >= budget:
         raise KvplanError(f"{model.name} weights ({weights / GIB:.1f} GiB per rank) do not fit in"
                           f" {gpu_memory_utilization:.2f} × {gpu.hbm_gib:g} GiB of {gpu.name};"
@@ -230,7 +241,7 @@ def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype
             " --gpu-memory-utilization, or lower --max-num-batched-tokens")
     num_blocks = available // block_bytes
     capacity = num_blocks * block_size
-    notes = list(layout.notes)
+    notes = list(layout.notes) + list(weight_format.notes)
     if capacity < model_len:
         notes.append(f"max_model_len {model_len:,} exceeds the KV capacity ({capacity:,} tokens):"
                      " one full-length request does not fit (vLLM refuses to start);"
@@ -241,7 +252,7 @@ def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype
         budget_bytes=budget, weight_bytes=weights, activation_bytes=activations,
         non_torch_bytes=NON_TORCH_OVERHEAD_BYTES, available_kv_bytes=available,
         num_blocks=num_blocks, capacity_tokens=capacity, max_model_len=model_len,
-        max_concurrency=capacity / model_len, notes=tuple(notes))
+        max_concurrency=capacity / model_len, notes=tuple(notes), weight_format=weight_format)
 
 
 def format_vllm_log(cap: KVCapacity) -> str:

@@ -128,3 +128,35 @@ def test_config_missing_field(tmp_path: Path) -> None:
     path.write_text(json.dumps({"num_attention_heads": 8}))
     with pytest.raises(KvplanError, match="missing required field 'num_hidden_layers'"):
         run(_args("--model", str(path)))
+
+
+def test_quantization_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    base = _json(capsys, "--model", "llama-3.3-70b", "--gpu", "a100", "--tp", "2",
+                 "--quantization", "none")
+    awq = _json(capsys, "--model", "llama-3.3-70b", "--gpu", "a100", "--tp", "2",
+                "--quantization", "awq")
+    assert awq["weights"]["weight_dtype"] == "int4" and awq["weights"]["gemm_dtype"] == "bf16"
+    assert awq["weight_bytes"] < base["weight_bytes"] / 3
+    assert awq["num_blocks"] > base["num_blocks"]
+    assert any("vLLM needs such a checkpoint" in note for note in awq["notes"])
+    assert run(_args("--model", "llama-3.1-8b-fp8", "--gpu", "a100")) == 0
+    out = capsys.readouterr().out
+    assert "fp8_e4m3 (quantization fp8, checkpoint), GEMMs in bf16" in out
+    assert "note: A100-80GB has no FP8 tensor cores" in out
+
+
+def test_sliding_window_note_without_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    result = _json(capsys, "--model", "gemma-3-27b")
+    assert result["notes"] == ["sized as full attention on every layer: an upper bound on KV;"
+                               " 52 of 62 layers are sliding-window 1024"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (("--model", "llama-3.1-8b", "--gpu", "h100", "--quantization", "fp9"),
+     "unknown quantization 'fp9' — did you mean 'fp8'"),
+    (("--model", "deepseek-v3", "--gpu", "h200", "--tp", "8", "--quantization", "awq"),
+     "does not match DeepSeek-V3's checkpoint"),
+])
+def test_bad_quantization(argv: tuple[str, ...], message: str) -> None:
+    with pytest.raises(KvplanError, match=message):
+        run(_args(*argv))

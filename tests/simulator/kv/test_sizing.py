@@ -182,11 +182,15 @@ def test_max_model_len_beyond_capacity_is_noted() -> None:
 
 
 def test_deepseek_v3_fits_8_h200_with_its_fp8_weights() -> None:
-    cap = kv_capacity(get_model("deepseek-v3"), get_gpu("h200"), tp=8)
-    assert cap.weight_bytes == math.ceil(get_model("deepseek-v3").num_params / 8)
+    ds = get_model("deepseek-v3")
+    cap = kv_capacity(ds, get_gpu("h200"), tp=8)
+    # fp8 linears and experts (1 byte), bf16 embedding, lm_head, norms and routers (2 bytes).
+    other = ds.num_params - ds.linear_body_params - 58 * 256 * ds.routed_expert_params
+    assert cap.weight_bytes == math.ceil((ds.num_params + other) / 8)
+    assert cap.weight_format.gemm_dtype == "fp8"
     assert cap.bytes_per_token == 70_272
     with pytest.raises(KvplanError, match="do not fit"):
-        kv_capacity(get_model("deepseek-v3"), get_gpu("h200"), tp=8, weight_dtype="bf16")
+        kv_capacity(ds, get_gpu("h200"), tp=8, quantization="none")
 
 
 @pytest.mark.parametrize("kwargs", [{"block_size": 0}, {"gpu_memory_utilization": 0.0},

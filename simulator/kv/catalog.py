@@ -1,0 +1,191 @@
+"""The model catalog: public checkpoints by name, with their config.json values.
+
+Every entry's numbers are the public ``config.json`` of its first Hugging Face id
+(huggingface.co/<id>/blob/main/config.json); where another source was read to confirm them it
+is named next to the entry. Names are case-insensitive and every listed HF id (with or without
+its organisation) is an alias.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simulator.errors import KvplanError, did_you_mean
+from simulator.kv.model_config import FULL_ATTENTION, SLIDING_ATTENTION, ModelConfig
+from simulator.kv.quant_config import CheckpointQuant
+
+_CATALOG: dict[str, ModelConfig] = {}
+_ALIASES: dict[str, str] = {}  # lower-case name or HF id -> catalog key
+
+# llm-compressor FP8 checkpoints (compressed-tensors): fp8 weights and activations on every
+# Linear but the lm_head (recipe "scheme: FP8, targets: [Linear], ignore: [lm_head]", e.g.
+# huggingface.co/neuralmagic/Llama-3.2-1B-Instruct-FP8/blob/main/recipe.yaml). neuralmagic's
+# Llama-3.1 FP8 use static per-tensor scales, RedHatAI's "-FP8-dynamic" per-channel weight
+# scales and dynamic per-token activation scales; both store 8 bits per weight.
+_COMPRESSED_FP8 = CheckpointQuant("fp8", "compressed-tensors", 8)
+# gpt-oss: quantization_config {"quant_method": "mxfp4", "modules_to_not_convert":
+# ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+# (the same block transformers' convert_gpt_oss_weights_to_hf.py writes).
+_GPT_OSS_MXFP4 = CheckpointQuant("mxfp4", "mxfp4", 4, 32, 8, weight_only=True, experts_only=True)
+
+
+def _register(model: ModelConfig, *hf_ids: str) -> None:
+    key = model.name.lower()
+    _CATALOG[key] = model
+    _ALIASES[key] = key
+    for hf_id in hf_ids:
+        _ALIASES[hf_id.lower()] = key
+        _ALIASES[hf_id.lower().rsplit("/", 1)[-1]] = key
+
+
+def _model(name: str, hf_ids: tuple[str, ...], layers: int, heads: int, kv_heads: int,
+           hidden: int, inter: int, vocab: int, dtype: str, max_pos: int, *,
+           model_type: str = "llama", tie: bool = False, head_dim: int | None = None,
+           **extra: Any) -> None:
+    _register(ModelConfig(
+        name=name, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, head_dim=head_dim or hidden // heads, hidden_size=hidden,
+        intermediate_size=inter, vocab_size=vocab, torch_dtype=dtype, tie_word_embeddings=tie,
+        max_position_embeddings=max_pos, model_type=model_type, hf_id=hf_ids[0] if hf_ids else "",
+        **extra,
+    ), *hf_ids)
+
+
+def _every(period: int, layers: int) -> tuple[str, ...]:
+    """Layer kinds where every ``period``-th layer (1-based) is full and the rest slide."""
+    return tuple(FULL_ATTENTION if (i + 1) % period == 0 else SLIDING_ATTENTION
+                 for i in range(layers))
+
+
+_model("OPT-13B", ("facebook/opt-13b",), 40, 40, 40, 5120, 20480, 50272, "float16", 2048,
+       model_type="opt", tie=True)
+_model("Llama-2-7B", ("meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-7b-chat-hf"),
+       32, 32, 32, 4096, 11008, 32000, "float16", 4096)
+_model("Llama-2-13B", ("meta-llama/Llama-2-13b-hf", "meta-llama/Llama-2-13b-chat-hf"),
+       40, 40, 40, 5120, 13824, 32000, "float16", 4096)
+_model("Llama-2-70B", ("meta-llama/Llama-2-70b-hf", "meta-llama/Llama-2-70b-chat-hf"),
+       80, 64, 8, 8192, 28672, 32000, "float16", 4096)
+_model("Llama-3.1-8B", ("meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-8B-Instruct",
+                        "meta-llama/Meta-Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-8B-Instruct"),
+       32, 32, 8, 4096, 14336, 128256, "bfloat16", 131072)
+_model("Llama-3.1-70B", ("meta-llama/Llama-3.1-70B", "meta-llama/Llama-3.1-70B-Instruct",
+                         "meta-llama/Meta-Llama-3.1-70B", "meta-llama/Meta-Llama-3.1-70B-Instruct"),
+       80, 64, 8, 8192, 28672, 128256, "bfloat16", 131072)
+# Llama 3 (April 2024): the 3.1 widths with an 8K window ("max_position_embeddings": 8192,
+# "rope_theta": 500000.0 in meta-llama/Meta-Llama-3-8B(-Instruct) and -70B config.json).
+_model("Llama-3-8B", ("meta-llama/Meta-Llama-3-8B", "meta-llama/Meta-Llama-3-8B-Instruct"),
+       32, 32, 8, 4096, 14336, 128256, "bfloat16", 8192)
+_model("Llama-3-70B", ("meta-llama/Meta-Llama-3-70B", "meta-llama/Meta-Llama-3-70B-Instruct"),
+       80, 64, 8, 8192, 28672, 128256, "bfloat16", 8192)
+# Llama 3.3 70B: the 3.1-70B architecture (LlamaForCausalLM, same widths and rope_scaling).
+_model("Llama-3.3-70B", ("meta-llama/Llama-3.3-70B-Instruct",),
+       80, 64, 8, 8192, 28672, 128256, "bfloat16", 131072)
+# FP8 checkpoints: the base model's config.json plus a compressed-tensors quantization_config
+# (config_groups.group_0.weights: {"num_bits": 8, "type": "float"}, "ignore": ["lm_head"]).
+_model("Llama-3.1-8B-FP8", ("neuralmagic/Meta-Llama-3.1-8B-Instruct-FP8",
+                            "RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8"),
+       32, 32, 8, 4096, 14336, 128256, "bfloat16", 131072, quantization=_COMPRESSED_FP8)
+_model("Llama-3.1-70B-FP8", ("neuralmagic/Meta-Llama-3.1-70B-Instruct-FP8",
+                             "RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8"),
+       80, 64, 8, 8192, 28672, 128256, "bfloat16", 131072, quantization=_COMPRESSED_FP8)
+_model("Llama-3.3-70B-FP8", ("RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic",),
+       80, 64, 8, 8192, 28672, 128256, "bfloat16", 131072, quantization=_COMPRESSED_FP8)
+# Mistral-7B-v0.1 attends over a sliding window of 4096 tokens on every layer
+# ("sliding_window": 4096 in its config.json).
+_model("Mistral-7B", ("mistralai/Mistral-7B-v0.1", "mistralai/Mistral-7B-Instruct-v0.1"),
+       32, 32, 8, 4096, 14336, 32000, "bfloat16", 32768, model_type="mistral",
+       layer_types=(SLIDING_ATTENTION,) * 32, sliding_window=4096)
+# Mistral-7B-v0.3: the v0.1 widths with a 32768-token vocabulary and full attention
+# (mistralai/Mistral-7B-Instruct-v0.3 config.json: "vocab_size": 32768, "sliding_window": null,
+# "rope_theta": 1000000.0).
+_model("Mistral-7B-v0.3", ("mistralai/Mistral-7B-v0.3", "mistralai/Mistral-7B-Instruct-v0.3"),
+       32, 32, 8, 4096, 14336, 32768, "bfloat16", 32768, model_type="mistral")
+# Mixtral-8x7B-v0.1: num_local_experts 8, num_experts_per_tok 2, each expert the 14336-wide
+# SwiGLU, "sliding_window": null.
+_model("Mixtral-8x7B", ("mistralai/Mixtral-8x7B-v0.1", "mistralai/Mixtral-8x7B-Instruct-v0.1"),
+       32, 32, 8, 4096, 14336, 32000, "bfloat16", 32768, model_type="mixtral",
+       n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=14336)
+# The -Instruct configs of Qwen2.5 say max_position_embeddings 32768 (131072 with YaRN); the
+# shapes that size the KV cache and the weights are identical.
+_model("Qwen2.5-7B", ("Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B-Instruct"),
+       28, 28, 4, 3584, 18944, 152064, "bfloat16", 131072, model_type="qwen2")
+_model("Qwen2.5-72B", ("Qwen/Qwen2.5-72B", "Qwen/Qwen2.5-72B-Instruct"),
+       80, 64, 8, 8192, 29568, 152064, "bfloat16", 131072, model_type="qwen2")
+# Qwen3: head_dim 128 with q/k RMSNorms, no biases, "use_sliding_window": false (so the
+# "sliding_window" value they carry is unused), max_position_embeddings 40960. Confirmed against
+# the model cards' tables (layers, Q/KV heads, experts) and the MindSpeed-RL model configs
+# (gitcode.com/Ascend/MindSpeed-RL/blob/master/configs/model/qwen3_{32b,30b_a3b,235b_a22b}.yaml).
+_model("Qwen3-8B", ("Qwen/Qwen3-8B",), 36, 32, 8, 4096, 12288, 151936, "bfloat16", 40960,
+       model_type="qwen3", head_dim=128)
+_model("Qwen3-32B", ("Qwen/Qwen3-32B",), 64, 64, 8, 5120, 25600, 151936, "bfloat16", 40960,
+       model_type="qwen3", head_dim=128)
+# Qwen3-MoE: num_experts 128, num_experts_per_tok 8, decoder_sparse_step 1, mlp_only_layers []
+# (every layer MoE, no shared expert); intermediate_size is unused by the released models.
+_model("Qwen3-30B-A3B", ("Qwen/Qwen3-30B-A3B",), 48, 32, 4, 2048, 6144, 151936, "bfloat16",
+       40960, model_type="qwen3_moe", head_dim=128,
+       n_routed_experts=128, num_experts_per_tok=8, moe_intermediate_size=768)
+# Qwen3-235B-A22B-Instruct-2507 is the same network with a 262,144-token window
+# (max_position_embeddings); the shapes that size weights and KV are unchanged.
+_model("Qwen3-235B-A22B", ("Qwen/Qwen3-235B-A22B", "Qwen/Qwen3-235B-A22B-Instruct-2507"), 94, 64, 4, 4096, 12288, 151936,
+       "bfloat16", 40960, model_type="qwen3_moe", head_dim=128,
+       n_routed_experts=128, num_experts_per_tok=8, moe_intermediate_size=1536)
+# gpt-oss: hidden 2880, 64 query heads of 64, 8 KV heads, attention_bias true, experts of 2880,
+# 4 per token, vocab 201088, untied; "layer_types" alternates sliding_attention (first) and
+# full_attention, "sliding_window": 128.
+_model("gpt-oss-20b", ("openai/gpt-oss-20b",), 24, 64, 8, 2880, 2880, 201088, "bfloat16",
+       131072, model_type="gpt_oss", head_dim=64, attention_bias=True,
+       quantization=_GPT_OSS_MXFP4, layer_types=_every(2, 24), sliding_window=128,
+       n_routed_experts=32, num_experts_per_tok=4, moe_intermediate_size=2880)
+_model("gpt-oss-120b", ("openai/gpt-oss-120b",), 36, 64, 8, 2880, 2880, 201088, "bfloat16",
+       131072, model_type="gpt_oss", head_dim=64, attention_bias=True,
+       quantization=_GPT_OSS_MXFP4, layer_types=_every(2, 36), sliding_window=128,
+       n_routed_experts=128, num_experts_per_tok=4, moe_intermediate_size=2880)
+# Gemma 3 27B (text tower; the 0.4B SigLIP vision tower is not counted): text_config
+# {head_dim 128, hidden 5376, intermediate 21504, 62 layers, 32 heads, 16 KV heads,
+# sliding_window 1024}; vocab_size 262208, max_position_embeddings 131072, tied embeddings and
+# sliding_window_pattern 6 (5 local layers per global one) are Gemma3TextConfig's defaults.
+_model("Gemma-3-27B", ("google/gemma-3-27b-it", "google/gemma-3-27b-pt"), 62, 32, 16, 5376,
+       21504, 262208, "bfloat16", 131072, model_type="gemma3_text", head_dim=128, tie=True,
+       layer_types=_every(6, 62), sliding_window=1024)
+# Stack-100M: the seed chapter's capstone model (L=30, H_kv=2, d_h=64, bf16). Its other widths
+# are chosen here to give ~101M parameters: hidden 512 = 8 heads × 64, SwiGLU 1408 = 2.75 × hidden.
+_model("Stack-100M", (), 30, 8, 2, 512, 1408, 32000, "bfloat16", 2048, tie=True)
+# tiny: the model the real backend's CPU tests run end to end (fp32 so CPU torch is exact).
+_model("tiny", (), 2, 4, 2, 128, 256, 512, "float32", 2048)
+
+# DeepSeek-V3, and R1 (the same DeepseekV3ForCausalLM config). config.json has no head_dim; the
+# HF default hidden/heads = 56 is unused by MLA, whose widths are qk_nope/qk_rope/v_head_dim and
+# kv_lora_rank. quantization_config: {"quant_method": "fp8", "fmt": "e4m3",
+# "activation_scheme": "dynamic", "weight_block_size": [128, 128]}.
+_DEEPSEEK_V3: dict[str, Any] = dict(
+    num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, head_dim=56,
+    hidden_size=7168, intermediate_size=18432, vocab_size=129280, torch_dtype="bfloat16",
+    tie_word_embeddings=False, max_position_embeddings=163840, model_type="deepseek_v3",
+    quantization=CheckpointQuant("fp8", "fp8", 8),
+    kv_lora_rank=512, qk_rope_head_dim=64, q_lora_rank=1536, qk_nope_head_dim=128, v_head_dim=128,
+    n_routed_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048,
+    first_k_dense_replace=3, n_shared_experts=1)
+_register(ModelConfig(name="DeepSeek-V3", hf_id="deepseek-ai/DeepSeek-V3", **_DEEPSEEK_V3),
+          "deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-V3-Base")
+_register(ModelConfig(name="DeepSeek-R1", hf_id="deepseek-ai/DeepSeek-R1", **_DEEPSEEK_V3),
+          "deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-R1-0528")  # 0528: same architecture
+
+
+def list_models() -> tuple[str, ...]:
+    """Display names of the catalog's models."""
+    return tuple(model.name for model in _CATALOG.values())
+
+
+def get_model(name: str) -> ModelConfig:
+    """The catalog model called ``name`` (case-insensitive; HF ids such as
+    ``"meta-llama/Llama-3.1-8B"`` accepted). Unknown -> KvplanError with a suggestion."""
+    key = _ALIASES.get(name.strip().lower())
+    if key is None:
+        known = list_models()
+        hint = did_you_mean(name.strip().lower(), _ALIASES)
+        raise KvplanError(f"unknown model '{name}'{hint} (known: {', '.join(known)};"
+                          " or give a path to a config.json)")
+    return _CATALOG[key]
+
+
+__all__ = ["get_model", "list_models"]

@@ -1,0 +1,185 @@
+"""A parsed Hugging Face ``config.json`` -> :class:`ModelConfig`.
+
+Vocabularies read: Llama, Mistral, Qwen2/Qwen3, OPT, Gemma 2/3 (multimodal configs keep the
+language model under ``text_config``), DeepSeek-V2/V3 (MLA, ``n_routed_experts``), Mixtral and
+gpt-oss (``num_local_experts``), Qwen2/Qwen3-MoE (``num_experts``, ``decoder_sparse_step``,
+``mlp_only_layers``, ``shared_expert_intermediate_size``).
+
+Sliding-window attention, as transformers derives ``layer_types`` when a config does not list
+them (so kvplan flags exactly the layers the model runs with a window):
+
+* ``layer_types`` given (gpt-oss, recent Gemma 3 and Qwen3 exports): taken as is;
+* ``use_sliding_window: false`` (Qwen2/Qwen3 carry a ``sliding_window`` value but disable it):
+  every layer full; ``use_sliding_window: true``: layers ``i >= max_window_layers`` slide
+  (transformers Qwen2Config);
+* ``sliding_window_pattern`` p (Gemma 3, default 6; Gemma 2 alternates, p = 2): layer i is full
+  when ``(i + 1) % p == 0``, else sliding;
+* otherwise a ``sliding_window`` applies to every layer (Mistral-7B-v0.1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simulator.errors import KvplanError
+from simulator.kv.model_config import FULL_ATTENTION, SLIDING_ATTENTION, ModelConfig
+from simulator.kv.quant_config import parse_quantization_config
+
+_REQUIRED = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size",
+             "max_position_embeddings")
+
+# Fields config.json may leave out because transformers' config class has a default
+# (Gemma3TextConfig in transformers/models/gemma3/configuration_gemma3.py: vocab_size 262_208,
+# max_position_embeddings 131_072, sliding_window 4096, tie_word_embeddings True; the 27B
+# checkpoint's text_config lists only the widths and sliding_window 1024).
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {"vocab_size": 262_208, "max_position_embeddings": 131_072,
+                    "sliding_window": 4096, "tie_word_embeddings": True},
+}
+# Local:global layer pattern when a config gives neither layer_types nor a pattern:
+# Gemma 2 alternates sliding and full layers, Gemma 3 has 5 sliding layers per full one.
+_DEFAULT_SLIDING_PATTERN = {"gemma2": 2, "gemma3_text": 6}
+_TIED_BY_DEFAULT = frozenset({"opt", "gemma2", "gemma3_text"})
+
+
+def model_from_hf_config(raw: dict[str, Any], *, name: str) -> ModelConfig:
+    """A ModelConfig from a parsed ``config.json`` (module docstring for the vocabularies).
+
+    Missing required field or a value of the wrong type -> KvplanError naming it.
+    """
+    raw = _language_model(raw)
+    for key in _REQUIRED:
+        if raw.get(key) is None:
+            raise KvplanError(f"missing required field '{key}'")
+    inter_key = "ffn_dim" if raw.get("intermediate_size") is None else "intermediate_size"
+    if raw.get(inter_key) is None:
+        raise KvplanError("missing required field 'intermediate_size' (or OPT's 'ffn_dim')")
+    model_type = str(raw.get("model_type") or "llama")
+    heads = _int(raw, "num_attention_heads")
+    hidden = _int(raw, "hidden_size")
+    layers = _int(raw, "num_hidden_layers")
+    head_dim = _int(raw, "head_dim") if raw.get("head_dim") is not None else None
+    if head_dim is None:
+        if hidden % heads:
+            raise KvplanError(f"no head_dim, and hidden_size ({hidden}) is not a multiple of"
+                              f" num_attention_heads ({heads})")
+        head_dim = hidden // heads
+    mla: dict[str, Any] = {}
+    if raw.get("kv_lora_rank") is not None:
+        mla = {key: _int(raw, key) for key in
+               ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")}
+        mla["q_lora_rank"] = _int(raw, "q_lora_rank") if raw.get("q_lora_rank") else None
+    layer_types, window = _attention_layout(raw, model_type, layers)
+    dtype = raw.get("torch_dtype") or raw.get("dtype") or "float32"  # transformers' default
+    return ModelConfig(
+        name=name, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=_int(raw, "num_key_value_heads", heads), head_dim=head_dim,
+        hidden_size=hidden, intermediate_size=_int(raw, inter_key),
+        vocab_size=_int(raw, "vocab_size"), torch_dtype=str(dtype),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT)),
+        max_position_embeddings=_int(raw, "max_position_embeddings"), model_type=model_type,
+        hf_id=str(raw.get("_name_or_path") or ""),
+        attention_bias=raw.get("attention_bias") is True,
+        quantization=parse_quantization_config(raw.get("quantization_config")),
+        layer_types=layer_types, sliding_window=window,
+        **mla, **_moe_fields(raw, inter_key),
+    )
+
+
+def _language_model(raw: dict[str, Any]) -> dict[str, Any]:
+    """The language model's fields: a multimodal config's ``text_config`` over the top level
+    (which keeps torch_dtype and quantization_config), then the model type's defaults."""
+    text = raw.get("text_config")
+    merged = dict(raw)
+    if isinstance(text, dict):
+        merged.pop("text_config")
+        merged.pop("model_type", None)
+        merged.update({key: value for key, value in text.items() if value is not None})
+    for key, value in _DEFAULTS.get(str(merged.get("model_type")), {}).items():
+        merged.setdefault(key, value)
+    return merged
+
+
+def _moe_fields(raw: dict[str, Any], inter_key: str) -> dict[str, Any]:
+    if raw.get("n_routed_experts") is not None:  # DeepSeek
+        moe = {key: _int(raw, key) for key in
+               ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")}
+        moe["first_k_dense_replace"] = _int(raw, "first_k_dense_replace", 0)
+        moe["n_shared_experts"] = _int(raw, "n_shared_experts", 0)
+        return moe
+    if raw.get("num_local_experts"):  # Mixtral, gpt-oss: every layer MoE, expert = the MLP width
+        return {"n_routed_experts": _int(raw, "num_local_experts"),
+                "num_experts_per_tok": _int(raw, "num_experts_per_tok"),
+                "moe_intermediate_size": _int(raw, inter_key)}
+    if raw.get("num_experts"):  # Qwen2-MoE, Qwen3-MoE
+        expert = _int(raw, "moe_intermediate_size")
+        moe = {"n_routed_experts": _int(raw, "num_experts"),
+               "num_experts_per_tok": _int(raw, "num_experts_per_tok"),
+               "moe_intermediate_size": expert,
+               "decoder_sparse_step": _int(raw, "decoder_sparse_step", 1) or 1,
+               "mlp_only_layers": _int_list(raw, "mlp_only_layers")}
+        shared = _int(raw, "shared_expert_intermediate_size", 0)
+        if shared % expert:
+            raise KvplanError(f"shared_expert_intermediate_size ({shared}) is not a multiple of"
+                              f" moe_intermediate_size ({expert}); not modelled")
+        # A shared expert of k × the routed width has exactly the parameters of k routed experts.
+        moe["n_shared_experts"] = shared // expert
+        return moe
+    return {}
+
+
+def _attention_layout(raw: dict[str, Any], model_type: str,
+                      layers: int) -> tuple[tuple[str, ...], int | None]:
+    """(layer_types, sliding_window) by the rules of the module docstring; ``()`` and None
+    when every layer is full attention."""
+    window = raw.get("sliding_window")
+    if raw.get("use_sliding_window") is False:
+        return (), None
+    given = raw.get("layer_types")
+    if given is not None:
+        if not isinstance(given, list) or not all(isinstance(kind, str) for kind in given):
+            raise KvplanError(f"field 'layer_types' must be a list of strings, got {given!r}")
+        if len(given) != layers:
+            raise KvplanError(f"layer_types lists {len(given)} layers, num_hidden_layers is"
+                              f" {layers}")
+        kinds = tuple(given)
+    elif window is None:
+        return (), None
+    else:
+        pattern = (raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern")
+                   or _DEFAULT_SLIDING_PATTERN.get(model_type))
+        max_window = raw.get("max_window_layers")
+        if raw.get("use_sliding_window") is True and isinstance(max_window, int):
+            sliding = [i >= max_window for i in range(layers)]
+        elif isinstance(pattern, int) and pattern > 0:
+            sliding = [(i + 1) % pattern != 0 for i in range(layers)]
+        else:
+            sliding = [True] * layers
+        kinds = tuple(SLIDING_ATTENTION if slides else FULL_ATTENTION for slides in sliding)
+    if all(kind == FULL_ATTENTION for kind in kinds):
+        return (), None
+    if SLIDING_ATTENTION in kinds:
+        window = _int(raw, "sliding_window")
+    return kinds, window if isinstance(window, int) else None
+
+
+def _int(raw: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = raw.get(key)
+    if value is None:
+        if default is None:
+            raise KvplanError(f"missing required field '{key}'")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise KvplanError(f"field '{key}' must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _int_list(raw: dict[str, Any], key: str) -> tuple[int, ...]:
+    value = raw.get(key) or []
+    if not isinstance(value, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value):
+        raise KvplanError(f"field '{key}' must be a list of layer indices, got {value!r}")
+    return tuple(value)
+
+
+__all__ = ["model_from_hf_config"]

@@ -1,0 +1,344 @@
+"""A model's shape in the Hugging Face ``config.json`` vocabulary, and its parameter counts.
+
+A :class:`ModelConfig` holds the shape fields of a model's ``config.json`` under their Hugging
+Face names (``num_hidden_layers``, ``num_key_value_heads``, ``kv_lora_rank``...), so a reader
+can check every number against the model card.
+
+Parameter counts are derived from the tensor shapes, not copied from model cards:
+
+* embeddings ``vocab × hidden`` (+ OPT's learned positions), an ``lm_head`` of the same shape
+  unless ``tie_word_embeddings``;
+* attention: q, k, v, o projections; biases on q/k/v for Qwen2, on q/k/v/o for OPT and for
+  ``attention_bias`` models (gpt-oss, which also has one learned sink logit per head); MLA
+  (DeepSeek) has the low-rank q_a/q_b, kv_a (latent + rope key) and kv_b projections;
+* MLP: SwiGLU (GeGLU for Gemma) has three ``hidden × intermediate`` matrices (gate, up, down),
+  OPT two (fc1, fc2) with biases; an MoE layer has ``n_routed_experts`` routed +
+  ``n_shared_experts`` shared SwiGLU experts of ``moe_intermediate_size`` and a router
+  (gpt-oss: with biases on the router and the experts). Which layers are MoE follows DeepSeek's
+  ``first_k_dense_replace`` and Qwen-MoE's ``decoder_sparse_step`` / ``mlp_only_layers``;
+* norms: RMSNorm weights (LayerNorm weight + bias for OPT), two per layer (four for Gemma 2/3)
+  plus a final one; Qwen3 and Gemma 3 add a q-norm and a k-norm of ``head_dim`` per layer.
+
+Attention kinds: ``layer_types`` (HF's per-layer list) says which layers are sliding-window
+(``sliding_window`` tokens). kvplan sizes the KV cache as full attention on every layer; for
+such a model :attr:`ModelConfig.attention_note` says so, and that the figure is an upper bound.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from simulator.errors import KvplanError, did_you_mean
+from simulator.kv.quant_config import CheckpointQuant
+
+# Bits per element of the dtypes weights and KV caches are stored in, by every accepted
+# spelling (HF's torch_dtype names, vLLM's --dtype / --kv-cache-dtype names).
+_DTYPE_ALIASES: dict[str, str] = {
+    "float32": "float32", "fp32": "float32", "float": "float32",
+    "float16": "float16", "fp16": "float16", "half": "float16",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "fp8": "fp8", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2",
+    "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2",
+    "int8": "int8", "int4": "int4",
+}
+_DTYPE_BITS: dict[str, int] = {
+    "float32": 32, "float16": 16, "bfloat16": 16,
+    "fp8": 8, "fp8_e4m3": 8, "fp8_e5m2": 8, "int8": 8, "int4": 4,
+}
+
+FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
+
+# Recipes keyed by model_type (see the module docstring).
+_QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe"})
+_QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "gemma3_text"})
+_FOUR_NORM_TYPES = frozenset({"gemma2", "gemma3_text"})  # pre/post attention and MLP norms
+_GPT_OSS = "gpt_oss"
+
+
+def canonical_dtype(name: str, what: str = "dtype") -> str:
+    """The canonical spelling of a dtype name (``"bf16"`` -> ``"bfloat16"``).
+
+    Raises KvplanError naming ``what`` (e.g. ``"--kv-cache-dtype"``) for an unknown name.
+    """
+    key = name.strip().lower()
+    key = key.removeprefix("torch.")
+    if key not in _DTYPE_ALIASES:
+        raise KvplanError(f"unknown {what} '{name}'{did_you_mean(key, _DTYPE_ALIASES)}"
+                          f" (known: {', '.join(sorted(_DTYPE_ALIASES))})")
+    return _DTYPE_ALIASES[key]
+
+
+def dtype_bits(name: str, what: str = "dtype") -> int:
+    """Bits per element of dtype ``name`` (any accepted spelling)."""
+    return _DTYPE_BITS[canonical_dtype(name, what)]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """A decoder-only transformer's shape, in the Hugging Face ``config.json`` vocabulary.
+
+    ``model_type`` selects the layer recipe (module docstring): ``"opt"`` (2-matrix GELU MLP,
+    biases, learned positions), ``"qwen2"`` (q/k/v biases), ``"gpt_oss"`` (biased experts and
+    router, attention sinks), anything else Llama-like (SwiGLU, no biases). The MLA fields are
+    set for DeepSeek-style latent attention, the MoE fields for mixture-of-experts models; both
+    are ``None`` otherwise. ``layer_types`` is empty when every layer is full attention.
+    """
+
+    name: str
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    torch_dtype: str
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    model_type: str = "llama"
+    hf_id: str = ""
+    attention_bias: bool = False  # q/k/v/o biases (Llama's and gpt-oss's config flag)
+    # What config.json's quantization_config says (DeepSeek-V3 ships fp8 weights with
+    # torch_dtype bfloat16); None = the weights are stored in torch_dtype.
+    quantization: CheckpointQuant | None = None
+    # Attention kind of each layer ("full_attention" | "sliding_attention" | other HF kinds);
+    # () = all full. sliding_window: tokens a sliding layer attends to.
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    # MLA (multi-head latent attention)
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    # MoE
+    n_routed_experts: int | None = None
+    num_experts_per_tok: int | None = None
+    moe_intermediate_size: int | None = None
+    first_k_dense_replace: int = 0
+    n_shared_experts: int = 0
+    decoder_sparse_step: int = 1  # Qwen-MoE: every k-th layer is MoE
+    mlp_only_layers: tuple[int, ...] = ()  # Qwen-MoE: layer indices kept dense
+
+    def __post_init__(self) -> None:
+        for name in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                     "head_dim", "hidden_size", "intermediate_size", "vocab_size",
+                     "max_position_embeddings", "decoder_sparse_step"):
+            _check_positive(self.name, name, getattr(self, name))
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise KvplanError(
+                f"model '{self.name}': num_attention_heads ({self.num_attention_heads}) is not a"
+                f" multiple of num_key_value_heads ({self.num_key_value_heads})")
+        canonical_dtype(self.torch_dtype, f"torch_dtype of model '{self.name}'")
+        if self.kv_lora_rank is not None:
+            for name in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
+                _check_positive(self.name, name, getattr(self, name))
+        if self.n_routed_experts is not None:
+            for name in ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"):
+                _check_positive(self.name, name, getattr(self, name))
+            if self.experts_per_token > self.num_experts:
+                raise KvplanError(f"model '{self.name}': num_experts_per_tok exceeds n_routed_experts")
+        if not 0 <= self.first_k_dense_replace <= self.num_hidden_layers:
+            raise KvplanError(f"model '{self.name}': first_k_dense_replace must be in"
+                              f" [0, num_hidden_layers], got {self.first_k_dense_replace}")
+        if self.layer_types and len(self.layer_types) != self.num_hidden_layers:
+            raise KvplanError(f"model '{self.name}': layer_types lists {len(self.layer_types)}"
+                              f" layers, num_hidden_layers is {self.num_hidden_layers}")
+        if SLIDING_ATTENTION in self.layer_types:
+            _check_positive(self.name, "sliding_window", self.sliding_window)
+
+    # -- shape facts ---------------------------------------------------------------------------
+
+    @property
+    def is_mla(self) -> bool:
+        """True for multi-head latent attention (one latent vector cached per token per layer)."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_routed_experts is not None
+
+    @property
+    def q_per_kv(self) -> int:
+        """Query heads per KV head (the GQA group; 1 = MHA, num_attention_heads = MQA)."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @property
+    def num_experts(self) -> int:
+        """Routed experts per MoE layer (0 for a dense model)."""
+        return self.n_routed_experts or 0
+
+    @property
+    def experts_per_token(self) -> int:
+        """Routed experts each token uses (0 for a dense model)."""
+        return self.num_experts_per_tok or 0
+
+    @property
+    def kv_latent_width(self) -> int:
+        """MLA: values cached per token per layer (kv_lora_rank + qk_rope_head_dim); 0 otherwise."""
+        return (self.kv_lora_rank or 0) + (self.qk_rope_head_dim or 0) if self.is_mla else 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Per-head query/key width (MLA: qk_nope_head_dim + qk_rope_head_dim)."""
+        if self.is_mla:
+            return (self.qk_nope_head_dim or 0) + (self.qk_rope_head_dim or 0)
+        return self.head_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        """Per-head value width (MLA: v_head_dim)."""
+        return (self.v_head_dim or 0) if self.is_mla else self.head_dim
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Layers with an MoE block: from ``first_k_dense_replace`` on, every
+        ``decoder_sparse_step``-th layer (1-based), except ``mlp_only_layers``."""
+        if not self.is_moe:
+            return 0
+        skipped = set(self.mlp_only_layers)
+        return sum(1 for i in range(self.first_k_dense_replace, self.num_hidden_layers)
+                   if (i + 1) % self.decoder_sparse_step == 0 and i not in skipped)
+
+    @property
+    def num_sliding_window_layers(self) -> int:
+        return self.layer_types.count(SLIDING_ATTENTION)
+
+    @property
+    def attention_note(self) -> str | None:
+        """Why this model's KV figures are an upper bound (None when every layer is full).
+
+        kvplan sizes every layer as full attention; a sliding-window layer holds at most
+        ``sliding_window`` tokens per sequence, so the true KV per token is lower.
+        """
+        other = Counter(kind for kind in self.layer_types if kind != FULL_ATTENTION)
+        if not other:
+            return None
+        total = self.num_hidden_layers
+        parts = [f"{count} of {total} layers are sliding-window {self.sliding_window}"
+                 if kind == SLIDING_ATTENTION else f"{count} of {total} layers are {kind}"
+                 for kind, count in sorted(other.items())]
+        return ("sized as full attention on every layer: an upper bound on KV; "
+                + "; ".join(parts))
+
+    # -- parameter counts ----------------------------------------------------------------------
+
+    @property
+    def embedding_lookup_params(self) -> int:
+        """Parameters only gathered by token id (never read in full): the input embedding when
+        it is not shared with the lm_head, plus OPT's learned positions (offset 2)."""
+        positions = (self.max_position_embeddings + 2) * self.hidden_size if self._is_opt else 0
+        untied = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        return untied + positions
+
+    @property
+    def lm_head_params(self) -> int:
+        """The output projection ``vocab × hidden`` (the embedding matrix itself when tied)."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def routed_expert_params(self) -> int:
+        """Parameters of one routed expert (0 for a dense model), biases included."""
+        return 3 * self.hidden_size * (self.moe_intermediate_size or 0) + self.routed_expert_bias_params
+
+    @property
+    def routed_expert_bias_params(self) -> int:
+        """The biases in :attr:`routed_expert_params`: gpt-oss's gate/up and down biases."""
+        inter = self.moe_intermediate_size or 0
+        return 2 * inter + self.hidden_size if self.model_type == _GPT_OSS and inter else 0
+
+    @property
+    def dense_body_params(self) -> int:
+        """Every parameter each token runs through except the embedding lookup, the lm_head and
+        the routed experts: attention, dense MLPs, shared experts, routers and norms."""
+        h = self.hidden_size
+        norm = 2 * h if self._is_opt else h  # LayerNorm has a bias, RMSNorm does not
+        norms = 4 if self.model_type in _FOUR_NORM_TYPES else 2
+        per_layer = self._attention_params() + norms * norm
+        if self.model_type in _QK_NORM_TYPES:
+            per_layer += 2 * self.head_dim
+        dense_layers = self.num_hidden_layers - self.num_moe_layers
+        body = self.num_hidden_layers * per_layer + dense_layers * self._dense_mlp_params()
+        if self.is_moe:
+            moe_fixed = self.n_shared_experts * self.routed_expert_params
+            moe_fixed += self.num_experts * h  # router
+            if self.model_type == _GPT_OSS:
+                moe_fixed += self.num_experts  # router bias
+            body += self.num_moe_layers * moe_fixed
+        return body + norm  # final norm
+
+    @property
+    def num_params(self) -> int:
+        """Total parameters (all experts; a tied embedding counted once)."""
+        routed = self.num_moe_layers * self.num_experts * self.routed_expert_params
+        return self.embedding_lookup_params + self.lm_head_params + self.dense_body_params + routed
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token uses (MoE: ``num_experts_per_tok`` routed experts per layer)."""
+        if not self.is_moe:
+            return self.num_params
+        idle = self.num_experts - self.experts_per_token
+        return self.num_params - self.num_moe_layers * idle * self.routed_expert_params
+
+    @property
+    def linear_body_params(self) -> int:
+        """The weight matrices of :attr:`dense_body_params` — attention projections, dense MLPs,
+        shared experts — without their biases, the norms or the routers: what a quantized
+        checkpoint stores at its quantized width (the routed experts come on top)."""
+        dense_layers = self.num_hidden_layers - self.num_moe_layers
+        mlp = 2 if self._is_opt else 3
+        linear = self.num_hidden_layers * self._attention_matrix_params()
+        linear += dense_layers * mlp * self.hidden_size * self.intermediate_size
+        return linear + self.num_moe_layers * self.n_shared_experts * self.routed_expert_params
+
+    @property
+    def _is_opt(self) -> bool:
+        return self.model_type == "opt"
+
+    def _attention_params(self) -> int:
+        """One layer's attention: projection weights, biases, MLA latent norms, sinks."""
+        params = self._attention_matrix_params()
+        if self.is_mla:
+            return params + (self.q_lora_rank or 0) + (self.kv_lora_rank or 0)  # latent norms
+        q_width = self.num_attention_heads * self.head_dim
+        kv_width = self.num_key_value_heads * self.head_dim
+        if self.model_type in _QKV_BIAS_TYPES or self._is_opt or self.attention_bias:
+            params += q_width + 2 * kv_width  # q/k/v biases
+        if self._is_opt or self.attention_bias:
+            params += self.hidden_size  # o_proj bias
+        if self.model_type == _GPT_OSS:
+            params += self.num_attention_heads  # one learned sink logit per head
+        return params
+
+    def _attention_matrix_params(self) -> int:
+        """Attention projection weights of one layer, without biases or MLA's latent norms."""
+        h, heads = self.hidden_size, self.num_attention_heads
+        if self.is_mla:
+            qk_dim, v_dim = self.qk_head_dim, self.value_head_dim
+            rank, rope = self.kv_lora_rank or 0, self.qk_rope_head_dim or 0
+            q_lora = self.q_lora_rank
+            q = h * q_lora + q_lora * heads * qk_dim if q_lora else h * heads * qk_dim
+            kv_a = h * (rank + rope)  # latent + rope key
+            kv_b = rank * heads * (qk_dim - rope + v_dim)  # latent -> per-head k_nope and v
+            return q + kv_a + kv_b + heads * v_dim * h
+        q_width = heads * self.head_dim
+        kv_width = self.num_key_value_heads * self.head_dim
+        return 2 * h * q_width + 2 * h * kv_width  # q, o and k, v
+
+    def _dense_mlp_params(self) -> int:
+        h, inter = self.hidden_size, self.intermediate_size
+        if self._is_opt:
+            return 2 * h * inter + inter + h  # fc1, fc2 with biases
+        return 3 * h * inter  # SwiGLU: gate, up, down
+
+
+def _check_positive(model: str, field: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise KvplanError(f"model '{model}': {field} must be a positive integer, got {value!r}")
+
+
+__all__ = ["FULL_ATTENTION", "SLIDING_ATTENTION", "ModelConfig", "canonical_dtype", "dtype_bits"]
