@@ -17,8 +17,10 @@ from simulator.deployment import Deployment, build_deployment
 from simulator.engine import SimResult, simulate
 from simulator.errors import KvplanError
 from simulator.scenario import Scenario, canonical_allocator, load_scenario
+from workloads.clients import OPEN_LOOP, Clients
 from workloads.request import Request
 from workloads.spec import build_requests
+from workloads.synthetic import ModelLenFit, fit_to_max_model_len
 
 
 @dataclass
@@ -55,8 +57,28 @@ def load_requests(scenario: Scenario, base_dir: Path) -> list[Request]:
     return build_requests(scenario.workload, seed=scenario.seed, base_dir=base_dir)
 
 
+def load_workload(scenario: Scenario, base_dir: Path, max_model_len: int) -> ModelLenFit:
+    """The scenario's requests after its ``max_model_len_policy`` (reject | truncate) for a
+    window of ``max_model_len`` tokens, with how many requests the policy touched."""
+    return fit_to_max_model_len(load_requests(scenario, base_dir), max_model_len,
+                                scenario.max_model_len_policy)
+
+
+def client_policy(scenario: Scenario, num_requests: int) -> Clients:
+    """How the scenario's workload is sent, checked against the ``num_requests`` it produced
+    (a trace window or a max_model_len policy decides that count only once built)."""
+    clients = scenario.workload.client_policy(num_requests)
+    if clients.warmup_requests >= num_requests:
+        raise KvplanError(f"workload: warmup_requests {clients.warmup_requests} leaves none of the "
+                          f"{num_requests} requests to measure")
+    return clients
+
+
 def run_allocator(dep: Deployment, allocator: str, requests: list[Request], *,
-                  progress: Progress | None = None, record_steps: bool = True) -> AllocatorRun:
+                  clients: Clients = OPEN_LOOP, progress: Progress | None = None,
+                  record_steps: bool = True) -> AllocatorRun:
+    """Simulate ``requests`` sent by ``clients`` on ``dep`` with one allocator: the request and
+    step frames and the summary (see :func:`simulator.engine.simulate`)."""
     task = None
     if progress is not None:
         task = progress.add_task(allocator, total=len(requests))
@@ -66,7 +88,7 @@ def run_allocator(dep: Deployment, allocator: str, requests: list[Request], *,
             progress.advance(task, count)
 
     result = simulate(requests, dep.replica_factory(allocator), dep.latency,
-                      num_replicas=dep.scenario.num_replicas, record_steps=record_steps,
+                      num_replicas=dep.scenario.num_replicas, clients=clients, record_steps=record_steps,
                       on_progress=advance if progress is not None else None)
     req = metrics.requests_frame(result)
     steps = metrics.steps_frame(result)
@@ -86,16 +108,21 @@ def run_simulate(path: str, *, out: str | None, overrides: dict[str, object], qu
                  plots: bool = True, force_profile: bool = False) -> tuple[Path, dict[str, Any]]:
     scenario, base_dir = load_scenario(path, overrides)
     dep = build_deployment(scenario, base_dir, force_profile=force_profile, where=path)
-    requests = load_requests(scenario, base_dir)
+    fit = load_workload(scenario, base_dir, dep.scheduler_config.max_model_len)
+    requests = fit.requests
+    clients = client_policy(scenario, len(requests))
     out_dir = Path(out) if out else Path("runs") / scenario.name
     out_dir.mkdir(parents=True, exist_ok=True)
     progress = make_progress(quiet)
     runs: list[AllocatorRun] = []
     if progress is not None:
         with progress:
-            runs = [run_allocator(dep, a, requests, progress=progress) for a in scenario.allocators]
+            runs = [run_allocator(dep, a, requests, clients=clients, progress=progress)
+                    for a in scenario.allocators]
     else:
-        runs = [run_allocator(dep, a, requests) for a in scenario.allocators]
+        runs = [run_allocator(dep, a, requests, clients=clients) for a in scenario.allocators]
+    for r in runs:
+        r.summary["max_model_len_policy"] = fit.as_dict()
     summary = {r.name: r.summary for r in runs}
     write_outputs(out_dir, scenario, dep, runs, plots=plots)
     if not quiet:

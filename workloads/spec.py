@@ -15,11 +15,28 @@ two length distributions). Either may then be reshaped::
 Rate rescaling comes first, so ``start_s``/``duration_s`` are seconds of the workload that is
 simulated. Synthetic workloads draw each ingredient (arrivals, prompt lengths, output lengths,
 prefix groups) from its own stream of the seed, so changing one leaves the others unchanged.
+
+How the requests are sent (:mod:`workloads.clients`; the way serving benchmarks load a server)::
+
+      concurrency: 64             # closed loop: 64 clients, all sending at t = 0, each sending the
+                                  #   next request when its previous one ends; no rate, no arrival
+      think_time_s: 0             # closed loop: pause between a request's end and the next send
+      requests_per_client: 10     # closed loop: 10 × concurrency requests (num_requests, if given, wins)
+      rate: inf                   # a burst: every request at t = 0 (vllm bench serve's default)
+      max_concurrency: 32         # open loop with at most 32 in flight; a later arrival waits
+                                  #   client-side and is sent when a slot frees
+      warmup_requests: 64         # the first 64 sent are left out of latency and throughput
+      warmup_fraction: 0.1        #   (or the first 10% of them)
+
+Under ``concurrency`` or ``rate: inf`` the requests keep the workload's order and lengths and
+lose its times: a trace's timestamps are ignored (``start_s``/``duration_s`` then select a window
+of the trace on its own clock), a synthetic workload needs no ``arrival`` but ``num_requests``.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
 import types
 from collections.abc import Sequence
@@ -31,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from simulator.errors import KvplanError, did_you_mean
 from workloads import synthetic
+from workloads.clients import Clients
 from workloads.loaders import MAX_TOKENS, TraceFormat, bundled_trace_path, load_trace
 from workloads.request import Request
 
@@ -180,7 +198,7 @@ class WorkloadSpec(_Spec):
     num_requests: Annotated[int, Field(ge=1)] | None = None
     start_s: NonNegativeReal | None = None
     duration_s: PositiveReal | None = None
-    rate: PositiveReal | None = None
+    rate: Annotated[float, Field(gt=0)] | None = None  # mean req/s; inf (YAML inf or .inf): a burst
     rate_scale: PositiveReal | None = None
     arrival: ArrivalSpec | None = None
     prompt_tokens: LengthSpec | None = None
@@ -188,11 +206,66 @@ class WorkloadSpec(_Spec):
     shared_prefix: SharedPrefixSpec | None = None
     n: Annotated[int, Field(ge=1)] = 1
     beam_width: Annotated[int, Field(ge=1)] = 1
+    concurrency: Annotated[int, Field(ge=1)] | None = None  # closed-loop clients
+    requests_per_client: Annotated[int, Field(ge=1)] | None = None  # closed loop: × concurrency
+    think_time_s: NonNegativeReal = 0.0  # closed loop: from a request's end to the next send
+    max_concurrency: Annotated[int, Field(ge=1)] | None = None  # open loop: cap on requests in flight
+    warmup_requests: Annotated[int, Field(ge=0)] = 0  # first K sent: not in the statistics
+    warmup_fraction: Annotated[float, Field(ge=0, lt=1)] | None = None  # or the first share of them
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.concurrency is not None
+
+    @property
+    def burst(self) -> bool:
+        """``rate: inf``: every request arrives at t = 0."""
+        return self.rate is not None and math.isinf(self.rate)
+
+    @property
+    def untimed(self) -> bool:
+        """The workload's arrival times are ignored: every request is offered at t = 0."""
+        return self.closed_loop or self.burst
+
+    @property
+    def total_requests(self) -> int | None:
+        """``num_requests`` (it wins, e.g. as ``--num-requests``), or ``requests_per_client ×
+        concurrency``; None when a duration decides."""
+        if self.num_requests is not None:
+            return self.num_requests
+        if self.requests_per_client is not None and self.concurrency is not None:
+            return self.requests_per_client * self.concurrency
+        return None
+
+    def num_warmup(self, num_requests: int) -> int:
+        """Requests left out of the statistics when the workload has ``num_requests``:
+        ``warmup_requests``, or ``⌊warmup_fraction × num_requests⌋``."""
+        if self.warmup_fraction is not None:
+            return math.floor(self.warmup_fraction * num_requests)
+        return self.warmup_requests
+
+    def client_policy(self, num_requests: int) -> Clients:
+        """How the ``num_requests`` requests built from this spec are sent: closed loop, a cap on
+        requests in flight, or open loop (and how many are warm-up)."""
+        warmup = self.num_warmup(num_requests)
+        if self.concurrency is not None:
+            return Clients(self.concurrency, self.think_time_s, warmup)
+        return Clients(self.max_concurrency, 0.0, warmup)
+
+    def closed_loop_at(self, concurrency: int, where: str) -> WorkloadSpec:
+        """This workload sent by ``concurrency`` closed-loop clients: its arrival times (``rate``,
+        ``rate_scale``, ``arrival``, ``max_concurrency``) dropped, the rest kept and checked
+        again (a one-line KvplanError naming ``where``, e.g. a synthetic ``duration_s``)."""
+        data = self.model_dump(exclude_unset=True)
+        for key in ("rate", "rate_scale", "arrival", "max_concurrency"):
+            data.pop(key, None)
+        return parse_workload({**data, "concurrency": concurrency}, where)
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkloadSpec:
         if self.rate is not None and self.rate_scale is not None:
             raise ValueError("give rate or rate_scale, not both")
+        self._check_clients()
         if self.trace is not None:
             for key in _SYNTHETIC_KEYS:
                 if getattr(self, key) is not None:
@@ -201,15 +274,47 @@ class WorkloadSpec(_Spec):
         for key in _TRACE_KEYS:
             if key in self.model_fields_set:
                 raise ValueError(f"'{key}' applies to a trace; this workload is synthetic")
-        for key in ("arrival", "prompt_tokens", "output_tokens"):
+        needed = ("prompt_tokens", "output_tokens") if self.untimed else (
+            "arrival", "prompt_tokens", "output_tokens")
+        for key in needed:
             if getattr(self, key) is None:
                 raise ValueError(f"a synthetic workload needs '{key}' (or give a 'trace')")
+        if self.untimed:
+            how = "closed-loop clients (concurrency)" if self.closed_loop else "a burst (rate: inf)"
+            if self.duration_s is not None:
+                raise ValueError(f"'duration_s' needs arrival times, and under {how} there are "
+                                 "none: give num_requests")
+            if self.total_requests is None:
+                raise ValueError(f"a synthetic workload sent by {how} needs num_requests")
+            return self
         assert self.arrival is not None
         if self.rate is None and self.arrival.rate is None:
             raise ValueError("a synthetic workload needs a rate (arrival.rate or rate)")
         if self.num_requests is None and self.duration_s is None:
             raise ValueError("a synthetic workload needs num_requests or duration_s")
         return self
+
+    def _check_clients(self) -> None:
+        if self.concurrency is not None:
+            for key in ("rate", "rate_scale", "arrival"):
+                if getattr(self, key) is not None:
+                    raise ValueError(
+                        f"'{key}' sets arrival times, but closed-loop clients (concurrency) send "
+                        f"each request when their previous one ends: drop '{key}' (for arrivals "
+                        "at a rate with a cap on requests in flight, give rate and max_concurrency)")
+            if self.max_concurrency is not None:
+                raise ValueError("give concurrency (closed-loop clients) or max_concurrency (a cap "
+                                 "on requests arriving at a rate), not both")
+        else:
+            for key in ("think_time_s", "requests_per_client"):
+                if key in self.model_fields_set:
+                    raise ValueError(f"'{key}' applies to closed-loop clients: give 'concurrency'")
+        if self.warmup_fraction is not None and "warmup_requests" in self.model_fields_set:
+            raise ValueError("give warmup_requests or warmup_fraction, not both")
+        total = self.total_requests
+        if total is not None and self.num_warmup(total) >= total:
+            raise ValueError(f"warmup_requests {self.num_warmup(total)} leaves none of the {total} "
+                             "requests to measure")
 
 
 # --- building requests --------------------------------------------------------------------
@@ -253,18 +358,27 @@ def _lengths(
     return synthetic.clip_lengths(drawn, spec.min, spec.max)
 
 
-def _synthesize(spec: WorkloadSpec, seed: int, base_dir: Path) -> list[Request]:
-    assert spec.arrival and spec.prompt_tokens and spec.output_tokens
-    arrival_rng, prompt_rng, output_rng, group_rng = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
-    )
+def _arrivals_s(spec: WorkloadSpec, rng: np.random.Generator) -> synthetic.FloatArray:
+    """A synthetic workload's arrival times: all 0.0 when untimed (the clients time the sends)."""
+    if spec.untimed:
+        assert spec.total_requests is not None
+        return synthetic.untimed_arrivals_s(spec.total_requests)
+    assert spec.arrival is not None
     rate = spec.rate if spec.rate is not None else spec.arrival.rate
     assert rate is not None
-    arrivals = synthetic.arrival_times_s(
-        spec.arrival.process, rate * (spec.rate_scale or 1.0), arrival_rng,
+    return synthetic.arrival_times_s(
+        spec.arrival.process, rate * (spec.rate_scale or 1.0), rng,
         cv=getattr(spec.arrival, "cv", 1.0), num_requests=spec.num_requests,
         duration_s=spec.duration_s,
     )
+
+
+def _synthesize(spec: WorkloadSpec, seed: int, base_dir: Path) -> list[Request]:
+    assert spec.prompt_tokens and spec.output_tokens
+    arrival_rng, prompt_rng, output_rng, group_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
+    )
+    arrivals = _arrivals_s(spec, arrival_rng)
     num = len(arrivals)
     prompts = _lengths(spec.prompt_tokens, num, prompt_rng, "prompt", base_dir)
     outputs = _lengths(spec.output_tokens, num, output_rng, "output", base_dir)
@@ -283,14 +397,28 @@ def _from_trace(spec: WorkloadSpec, base_dir: Path) -> list[Request]:
     assert spec.trace is not None
     requests = load_trace(resolve_trace_path(spec.trace, base_dir), spec.format,
                           **_trace_options(spec))
-    if spec.rate is not None:
+    return shape_trace(requests, spec)
+
+
+def shape_trace(requests: Sequence[Request], spec: WorkloadSpec) -> list[Request]:
+    """A loaded trace as ``spec`` reshapes it: rescaled (``rate``/``rate_scale``), sliced
+    (``start_s``, ``duration_s``, then the first ``num_requests``), untimed (every arrival at
+    0.0, order kept, under ``concurrency`` or ``rate: inf``; the slice is then taken on the
+    trace's own clock), then ``n``/``beam_width`` set. Bad input -> KvplanError."""
+    untimed = spec.untimed
+    if untimed:
+        pass  # the clients time the sends; a rate would be meaningless
+    elif spec.rate is not None:
         requests = synthetic.rescale_to_rate(requests, spec.rate)
     elif spec.rate_scale is not None:
         requests = synthetic.scale_rate(requests, spec.rate_scale)
-    if spec.start_s is not None or spec.duration_s is not None or spec.num_requests is not None:
+    num = spec.total_requests
+    if spec.start_s is not None or spec.duration_s is not None or num is not None:
         requests = synthetic.slice_requests(requests, start_s=spec.start_s,
-                                            duration_s=spec.duration_s,
-                                            num_requests=spec.num_requests)
+                                            duration_s=spec.duration_s, num_requests=num)
+    if untimed:
+        requests = synthetic.untimed(requests)
+    requests = list(requests)
     if spec.n != 1 or spec.beam_width != 1:
         requests = [Request(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens, spec.n,
                             spec.beam_width, r.prefix_ids, r.prefix_block_tokens)
@@ -298,29 +426,20 @@ def _from_trace(spec: WorkloadSpec, base_dir: Path) -> list[Request]:
     return requests
 
 
-def build_requests(
-    spec: WorkloadSpec, *, seed: int, base_dir: Path, max_model_len: int | None = None
-) -> list[Request]:
+def build_requests(spec: WorkloadSpec, *, seed: int, base_dir: Path) -> list[Request]:
     """The requests ``spec`` describes: numbered 0..N-1, sorted by arrival, first at 0.0.
 
     ``seed`` makes synthetic workloads reproducible (a trace ignores it). ``base_dir`` anchors
-    relative trace paths (the scenario file's folder). With ``max_model_len``, prompts that
-    leave no room for an output token are dropped and outputs cut at the window, as vLLM
-    does; counts are logged as a warning. Bad input -> KvplanError prefixed ``workload``.
+    relative trace paths (the scenario file's folder). Requests longer than the context window
+    are left as they are: the scenario's ``max_model_len_policy`` decides what happens to them
+    (:func:`workloads.synthetic.fit_to_max_model_len`, applied by ``simulator.run.load_workload``).
+    Bad input -> KvplanError prefixed ``workload``.
     """
     try:
         if spec.trace is not None:
             requests = _from_trace(spec, base_dir)
         else:
             requests = _synthesize(spec, seed, base_dir)
-        if max_model_len is not None:
-            fit = synthetic.fit_to_max_model_len(requests, max_model_len)
-            if fit.num_dropped or fit.num_truncated:
-                log.warning(
-                    "workload: max_model_len %d drops %d requests whose prompt does not fit "
-                    "and cuts the output of %d", max_model_len, fit.num_dropped, fit.num_truncated,
-                )
-            requests = fit.requests
     except KvplanError as err:
         raise KvplanError(f"workload: {err}") from None
     return requests

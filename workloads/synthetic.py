@@ -5,7 +5,8 @@ requests) and work on whole arrays, so 10^6 requests take seconds, most of it bu
 ``Request`` objects. The pieces:
 
 * arrivals: Poisson, gamma (burstiness set by the coefficient of variation of the gaps),
-  constant rate; the first request arrives at 0.0 like a loaded trace's;
+  constant rate; the first request arrives at 0.0 like a loaded trace's; or all at 0.0 (a
+  burst, or closed-loop clients, which time the sends themselves);
 * lengths: fixed, uniform, lognormal fitted to a mean and a percentile, empirical (resampled
   from a trace), each clipped to ``[min_tokens, max_tokens]``;
 * shared-prefix groups (system prompts, few-shot templates) with uniform or Zipf popularity;
@@ -87,6 +88,14 @@ def arrival_times_s(
     arrivals = np.concatenate(parts)
     arrivals = arrivals[arrivals < duration_s]
     return arrivals if num_requests is None else arrivals[:num_requests]
+
+
+def untimed_arrivals_s(num_requests: int) -> FloatArray:
+    """``num_requests`` arrivals at 0.0: a burst, or the offer to closed-loop clients (which
+    then decide when each request is sent, see :mod:`workloads.clients`)."""
+    if num_requests < 1:
+        raise KvplanError(f"num_requests must be at least 1 (got {num_requests})")
+    return np.zeros(num_requests)
 
 
 # --- lengths ------------------------------------------------------------------------------
@@ -244,6 +253,14 @@ def _renumbered(requests: Sequence[Request], time_factor: float = 1.0) -> list[R
     ]
 
 
+def untimed(requests: Sequence[Request]) -> list[Request]:
+    """The same requests, in the same order, all arriving at 0.0 (see :func:`untimed_arrivals_s`)."""
+    return [r if r.arrival_s == 0.0 else
+            Request(r.request_id, 0.0, r.prompt_tokens, r.output_tokens, r.n, r.beam_width,
+                    r.prefix_ids, r.prefix_block_tokens)
+            for r in requests]
+
+
 def mean_rate_per_s(requests: Sequence[Request]) -> float:
     """Mean arrival rate: (N − 1) gaps over the span from first to last arrival."""
     if len(requests) < 2 or requests[-1].arrival_s <= requests[0].arrival_s:
@@ -288,22 +305,70 @@ def slice_requests(
     return _renumbered(kept)
 
 
+MaxModelLenPolicy = Literal["reject", "truncate"]
+MAX_MODEL_LEN_POLICIES: tuple[str, ...] = ("reject", "truncate")
+
+
 @dataclass(frozen=True, slots=True)
 class ModelLenFit:
-    """Requests fitted to a context window, and what fitting changed."""
+    """A workload after its ``max_model_len`` policy, and how many requests the policy touched.
+
+    ``num_over_window`` requests asked for more than the window (prompt + output >
+    ``max_model_len``). Under ``reject`` they stay in ``requests`` and the scheduler refuses each
+    at arrival with reason ``max_model_len``, so ``num_rejected == num_over_window``. Under
+    ``truncate`` none is left: ``num_truncated`` had their output cut and ``num_dropped`` (prompt
+    alone fills the window) were removed, and ``num_truncated + num_dropped == num_over_window``.
+    """
 
     requests: list[Request]
-    num_dropped: int  # prompt alone leaves no room for one output token
-    num_truncated: int  # output cut so that prompt + output fits
+    policy: MaxModelLenPolicy
+    max_model_len: int
+    num_over_window: int
+    num_dropped: int  # truncate: the prompt alone leaves no room for one output token
+    num_truncated: int  # truncate: output cut so that prompt + output fits
+
+    def __post_init__(self) -> None:
+        touched = self.num_rejected + self.num_dropped + self.num_truncated
+        assert touched == self.num_over_window, (self.policy, touched, self.num_over_window)
+
+    @property
+    def num_rejected(self) -> int:
+        """Requests the scheduler will refuse at arrival for their length (``reject`` only)."""
+        return self.num_over_window if self.policy == "reject" else 0
+
+    def as_dict(self) -> dict[str, int | str]:
+        """The ``max_model_len_policy`` entry of summary.json."""
+        return {"policy": self.policy, "max_model_len": self.max_model_len,
+                "num_over_window": self.num_over_window, "num_rejected": self.num_rejected,
+                "num_truncated": self.num_truncated, "num_dropped": self.num_dropped}
 
 
-def fit_to_max_model_len(requests: Sequence[Request], max_model_len: int) -> ModelLenFit:
-    """Apply a context window of ``max_model_len`` tokens the way vLLM does: a request whose
-    prompt leaves no room for an output token is rejected (dropped here), and generation stops
-    at the window (output cut to ``max_model_len − prompt``). Survivors are renumbered from 0;
-    if none survive -> KvplanError."""
+def fit_to_max_model_len(requests: Sequence[Request], max_model_len: int,
+                         policy: MaxModelLenPolicy = "truncate") -> ModelLenFit:
+    """Apply a context window of ``max_model_len`` tokens (prompt + output) under ``policy``.
+
+    * ``reject`` — what a vLLM server does and so what ``vllm bench serve`` measures: the client
+      sends ``max_tokens`` = the output length (vllm-project/vllm,
+      vllm/benchmarks/lib/endpoint_request_func.py, ``async_request_openai_completions``) and the
+      server answers 400 when prompt + max_tokens > max_model_len (vllm-project/vllm,
+      vllm/entrypoints/openai/serving_engine.py, ``OpenAIServing._validate_input``: "This
+      model's maximum context length is ... tokens. However, you requested ..."). The requests
+      are returned unchanged; the scheduler rejects the long ones at arrival
+      (``Scheduler.add_request``, reason ``max_model_len``), and the report counts them.
+    * ``truncate`` — make every request fit instead of refusing it, as trace replays into
+      simulators commonly do (Vidur's trace replay cuts the prompt: microsoft/vidur,
+      vidur/request_generator/trace_replay_request_generator.py). Here generation stops at the
+      window (output cut to ``max_model_len − prompt``), and a request whose prompt leaves no
+      room for one output token is dropped. Survivors are renumbered from 0 when any is
+      dropped; if none survive -> KvplanError.
+    """
     if max_model_len < 2:
         raise KvplanError(f"max_model_len must be at least 2 tokens (got {max_model_len})")
+    if policy not in MAX_MODEL_LEN_POLICIES:
+        raise KvplanError(f"unknown max_model_len_policy '{policy}' (known: reject, truncate)")
+    num_over = sum(1 for r in requests if r.prompt_tokens + r.output_tokens > max_model_len)
+    if policy == "reject":
+        return ModelLenFit(list(requests), policy, max_model_len, num_over, 0, 0)
     kept: list[Request] = []
     num_truncated = 0
     for r in requests:
@@ -320,4 +385,5 @@ def fit_to_max_model_len(requests: Sequence[Request], max_model_len: int) -> Mod
             f"every prompt of the workload is longer than max_model_len {max_model_len}"
         )
     num_dropped = len(requests) - len(kept)
-    return ModelLenFit(_renumbered(kept) if num_dropped else kept, num_dropped, num_truncated)
+    return ModelLenFit(_renumbered(kept) if num_dropped else kept, policy, max_model_len, num_over,
+                       num_dropped, num_truncated)

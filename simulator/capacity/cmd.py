@@ -1,11 +1,13 @@
-"""``kvplan capacity``: the maximum sustainable request rate under the scenario's SLO, per point of a
-sweep and per allocator, as a table (printed, CSV, JSON) and plots.
+"""``kvplan capacity``: the maximum sustainable request rate (or number of closed-loop clients,
+``--search concurrency``) under the scenario's SLO, per point of a sweep and per allocator, as a
+table (printed, CSV, JSON) and plots.
 
 Examples::
 
     kvplan capacity scenarios/capacity-chat.yaml
     kvplan capacity scenarios/chat.yaml --allocator paged --sweep block_size=8,16,32 --seeds 1
     kvplan capacity scenarios/capacity-chat.yaml --executor ray --address auto --no-plots
+    kvplan capacity scenarios/closed-loop.yaml --search concurrency     # + pareto.png/pareto.csv
 """
 
 from __future__ import annotations
@@ -28,8 +30,11 @@ from rich.table import Table
 
 from simulator.capacity import plots
 from simulator.capacity.executors import EXECUTORS, make_executor
-from simulator.capacity.search import SearchResult, SearchTask, run_search
+from simulator.capacity.pareto import ParetoPoint, pareto_points, write_pareto_csv
+from simulator.capacity.search import SEARCHES, SearchResult, SearchTask, run_search
 from simulator.capacity.sweep import (
+    CONCURRENCY_ONLY_FIELDS,
+    RATE_ONLY_FIELDS,
     CapacityRow,
     SweepPoint,
     failed_row,
@@ -45,6 +50,8 @@ from simulator.capacity.sweep import (
 )
 from simulator.errors import KvplanError
 from simulator.run import scenario_overrides
+from simulator.scenario import Scenario
+from workloads.spec import parse_workload
 
 ROW_FIELDS = tuple(f.name for f in dataclasses.fields(CapacityRow) if f.name not in ("knobs", "point_index"))
 
@@ -65,6 +72,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--tolerance", type=float, default=0.05,
                    help="relative width at which bisection stops (default 0.05)")
     p.add_argument("--start-rate", type=float, help="first rate tried (default: the workload's own)")
+    p.add_argument("--search", choices=SEARCHES, default="rate",
+                   help="what to search: the request rate (default), or the number of closed-loop "
+                        "clients from 1 up (concurrency; also draws pareto.png)")
     p.add_argument("--executor", choices=EXECUTORS, default="process", help="where searches run")
     p.add_argument("--address", help="Ray cluster address (with --executor ray; default: local)")
     p.add_argument("--jobs", type=int, help="parallel processes (default: CPU count)")
@@ -87,27 +97,31 @@ def run(args: argparse.Namespace) -> int:
         args.scenario, allocators=args.allocator, sweeps=args.sweep, overrides=args.set,
         num_seeds=args.seeds, tolerance=args.tolerance, start_rate=args.start_rate,
         executor=args.executor, address=args.address, jobs=args.jobs, prices=args.price, out=args.out,
-        plots_on=not args.no_plots, use_cache=not args.no_cache, quiet=args.quiet,
+        plots_on=not args.no_plots, use_cache=not args.no_cache, quiet=args.quiet, search=args.search,
     )
     return 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CapacityReport:
-    """What :func:`run_capacity` wrote: the table rows and every search (probes included)."""
+    """What :func:`run_capacity` wrote: the table rows, every search (probes included) and, for
+    a concurrency search, the throughput-latency curve's points."""
 
     out_dir: Path
     rows: list[CapacityRow]
     results: list[SearchResult]
     notes: list[str]
+    pareto: list[ParetoPoint] = dataclasses.field(default_factory=list)
 
 
 def run_capacity(path: str, *, allocators: Sequence[str] | None = None, sweeps: Sequence[str] = (),
                  overrides: Sequence[str] = (), num_seeds: int = 3, tolerance: float = 0.05,
                  start_rate: float | None = None, executor: str = "process", address: str | None = None,
                  jobs: int | None = None, prices: Sequence[str] = (), out: str | None = None,
-                 plots_on: bool = True, use_cache: bool = True, quiet: bool = False) -> CapacityReport:
-    """Search every (point, allocator, seed), write ``capacity.csv``/``capacity.json``/plots.
+                 plots_on: bool = True, use_cache: bool = True, quiet: bool = False,
+                 search: str = "rate") -> CapacityReport:
+    """Search every (point, allocator, seed), write ``capacity.csv``/``capacity.json``/plots
+    (and ``pareto.csv`` for ``search="concurrency"``).
 
     Every input is checked before any simulation starts. A point that cannot be deployed is a
     ``failed`` row; if no point can be, KvplanError (after the CSV is written).
@@ -122,7 +136,10 @@ def run_capacity(path: str, *, allocators: Sequence[str] | None = None, sweeps: 
     out_dir = Path(out) if out else Path("runs") / f"{file.data['name']}-capacity"
     cache_dir = out_dir / "cache" if use_cache else None
     points = resolve_points(file)
-    tasks, notes = _tasks(points, file.base_dir, num_seeds, tolerance, start_rate, plots_on, cache_dir)
+    if search not in SEARCHES:
+        raise KvplanError(f"unknown --search '{search}' (known: {', '.join(SEARCHES)})")
+    tasks, notes = _tasks(points, file.base_dir, num_seeds, tolerance, start_rate, plots_on, cache_dir,
+                          search)
     started = time.perf_counter()
     progress = _progress(quiet)
     if progress is None:
@@ -131,57 +148,87 @@ def run_capacity(path: str, *, allocators: Sequence[str] | None = None, sweeps: 
         with progress:
             bar = progress.add_task("searches", total=len(tasks))
             results = pool.run(run_search, tasks, lambda i, r: progress.advance(bar))
-    rows = _rows(points, results, price_overrides, notes)
+    rows = _rows(points, results, price_overrides, notes, search)
+    curve = pareto_points(points, results)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_csv(out_dir / "capacity.csv", rows)
-    _write_json(out_dir / "capacity.json", rows, results, notes)
+    write_csv(out_dir / "capacity.csv", rows, search)
+    _write_json(out_dir / "capacity.json", rows, results, notes, curve)
+    if search == "concurrency":
+        write_pareto_csv(out_dir / "pareto.csv", curve)
     if plots_on:
-        _write_plots(out_dir / "plots", points, rows, results)
+        _write_plots(out_dir / "plots", points, rows, results, curve)
     if not quiet:
         # A wide table when redirected to a file: rich would otherwise cut it to 80 columns.
         console = Console() if sys.stdout.isatty() else Console(width=250)
-        print_table(console, rows, notes, out_dir, time.perf_counter() - started)
+        print_table(console, rows, notes, out_dir, time.perf_counter() - started, search)
     if not any(p.error is None for p in points):
         first = points[0].error or ""
         if len(points) == 1:
             raise KvplanError(first)
         raise KvplanError(f"every sweep point failed (see {out_dir / 'capacity.csv'}); first: {first}")
-    return CapacityReport(out_dir, rows, results, sorted(set(notes.values())))
+    return CapacityReport(out_dir, rows, results, sorted(set(notes.values())), curve)
 
 
 def _tasks(points: list[SweepPoint], base_dir: Path, num_seeds: int, tolerance: float,
-           start_rate: float | None, record_steps: bool,
-           cache_dir: Path | None) -> tuple[list[SearchTask], dict[int, str]]:
+           start_rate: float | None, record_steps: bool, cache_dir: Path | None,
+           search: str = "rate") -> tuple[list[SearchTask], dict[int, str]]:
     tasks: list[SearchTask] = []
     notes: dict[int, str] = {}
     memo: dict[str, float] = {}
     for point in points:
         if point.scenario is None:
             continue
-        seeds, note = seeds_for(point.scenario, num_seeds)
-        if note:
-            notes[point.index] = note
-        rate = start_rate or start_rate_req_s(point.scenario, base_dir, memo)
+        note = _check_searchable(point.scenario, point.where, search)
+        seeds, seed_note = seeds_for(point.scenario, num_seeds, search)
+        if note or seed_note:
+            notes[point.index] = "; ".join(n for n in (seed_note, note) if n)
+        if search == "concurrency":
+            start = 1.0  # the doubling from one client also measures the curve's points
+        else:
+            start = start_rate or start_rate_req_s(point.scenario, base_dir, memo)
         # The canonical mapping (defaults left out) names the point in the cache, however it was written.
         canonical = point.scenario.model_dump(mode="json", exclude_defaults=True)
         for allocator in point.scenario.allocators:
             for seed in seeds:
                 data = {**copy.deepcopy(canonical), "allocators": [allocator], "seed": seed}
                 tasks.append(SearchTask(point.index, data, point.where, str(base_dir.resolve()), allocator,
-                                        seed, rate, tolerance, record_steps,
-                                        str(cache_dir.resolve()) if cache_dir else None))
+                                        seed, start, tolerance, record_steps,
+                                        str(cache_dir.resolve()) if cache_dir else None, search,
+                                        curve=search == "concurrency" and seed == seeds[0]))
     return tasks, notes
 
 
+def _check_searchable(scenario: Scenario, where: str, search: str) -> str | None:
+    """Raise KvplanError when the workload cannot be searched this way; a note for the table
+    when the search changes how it is sent."""
+    spec = scenario.workload
+    if search == "rate":
+        if spec.closed_loop:
+            raise KvplanError(f"{where}: workload.concurrency sends requests from closed-loop clients, "
+                              "which have no rate to search: use --search concurrency")
+        # the search sets a finite rate: the workload must then be valid (arrival times needed)
+        parse_workload({**spec.model_dump(exclude_unset=True), "rate": 1.0, "rate_scale": None}, where)
+        return None
+    try:
+        spec.closed_loop_at(1, where)  # e.g. a synthetic duration_s: no requests without a rate
+    except KvplanError as err:
+        raise KvplanError(f"{err} (with 1 client, where --search concurrency starts)") from None
+    dropped = [k for k in ("rate", "rate_scale", "arrival", "max_concurrency")
+               if getattr(spec, k) is not None]
+    if dropped:
+        return f"closed-loop clients ignore the workload's {', '.join(dropped)}"
+    return None
+
+
 def _rows(points: list[SweepPoint], results: list[SearchResult], prices: dict[str, float],
-          notes: dict[int, str]) -> list[CapacityRow]:
+          notes: dict[int, str], search: str = "rate") -> list[CapacityRow]:
     grouped: dict[tuple[int, str], list[SearchResult]] = {}
     for r in results:
         grouped.setdefault((r.point_index, r.allocator), []).append(r)
     rows = []
     for point in points:
         if point.scenario is None or point.deployment is None:
-            rows.append(failed_row(point, ""))
+            rows.append(failed_row(point, "", search))
             continue
         price = gpu_price(point.deployment, prices)
         for allocator in point.scenario.allocators:
@@ -210,30 +257,41 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def write_csv(path: Path, rows: Sequence[CapacityRow]) -> None:
-    """One line per row: ``point``, the knobs (their union, in sweep order), then the row's fields."""
+def write_csv(path: Path, rows: Sequence[CapacityRow], search: str = "rate") -> None:
+    """One line per row: ``point``, the knobs (their union, in sweep order), then the row's fields
+    (those of the other search left out)."""
     knobs = list(dict.fromkeys(k for r in rows for k in r.knobs if k != "allocators"))
+    other = CONCURRENCY_ONLY_FIELDS if search == "rate" else RATE_ONLY_FIELDS
+    fields = [name for name in ROW_FIELDS if name not in other]
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["point", *knobs, *ROW_FIELDS])
+        writer.writerow(["point", *knobs, *fields])
         for r in rows:
             writer.writerow([r.point_index, *(_cell(r.knobs.get(k)) for k in knobs),
-                             *(_cell(getattr(r, name)) for name in ROW_FIELDS)])
+                             *(_cell(getattr(r, name)) for name in fields)])
 
 
 def _write_json(path: Path, rows: Sequence[CapacityRow], results: Sequence[SearchResult],
-                notes: dict[int, str]) -> None:
-    searches = [{"point": r.point_index, "allocator": r.allocator, "seed": r.seed,
-                 "lo_rate_req_s": r.lo_rate_req_s, "hi_rate_req_s": r.hi_rate_req_s,
-                 "probes": [p.to_json() for p in r.probes],
-                 "at_max": r.at_max.to_json() if r.at_max else None} for r in results]
-    body = {"rows": [dataclasses.asdict(r) for r in rows], "searches": searches,
-            "notes": {str(k): v for k, v in sorted(notes.items())}}
+                notes: dict[int, str], curve: Sequence[ParetoPoint] = ()) -> None:
+    searches = []
+    for r in results:
+        entry: dict[str, Any] = {
+            "point": r.point_index, "allocator": r.allocator, "seed": r.seed, "search": r.search,
+            "lo_rate_req_s": r.lo_rate_req_s, "hi_rate_req_s": r.hi_rate_req_s,
+            "probes": [p.to_json() for p in r.probes], "at_max": r.at_max.to_json() if r.at_max else None}
+        if r.search == "concurrency":
+            entry.update(lo_concurrency=r.lo_concurrency, hi_concurrency=r.hi_concurrency,
+                         curve=[p.to_json() for p in r.curve])
+        searches.append(entry)
+    body: dict[str, Any] = {"rows": [dataclasses.asdict(r) for r in rows], "searches": searches,
+                            "notes": {str(k): v for k, v in sorted(notes.items())}}
+    if curve:
+        body["pareto"] = [dataclasses.asdict(p) for p in curve]
     path.write_text(json.dumps(body, indent=1, sort_keys=True, default=str) + "\n")
 
 
 def _write_plots(plot_dir: Path, points: list[SweepPoint], rows: list[CapacityRow],
-                 results: list[SearchResult]) -> None:
+                 results: list[SearchResult], curve: Sequence[ParetoPoint] = ()) -> None:
     by_point: dict[int, dict[str, list[SearchResult]]] = {}
     for r in results:
         by_point.setdefault(r.point_index, {}).setdefault(r.allocator, []).append(r)
@@ -247,6 +305,9 @@ def _write_plots(plot_dir: Path, points: list[SweepPoint], rows: list[CapacityRo
                          point.scenario.slo)
     plots.plot_capacity_vs_block_size(plot_dir / "capacity_vs_block_size.png", rows)
     plots.plot_capacity_per_dollar(plot_dir / "capacity_per_dollar.png", rows)
+    setups = dict.fromkeys(f"{p.deployment.model.name} on {p.deployment.gpu.name}" for p in points
+                           if p.deployment is not None and any(c.point_index == p.index for c in curve))
+    plots.plot_pareto(plot_dir / "pareto.png", curve, "; ".join(setups))
 
 
 def _num(value: float | None, fmt: str = ".3g") -> str:
@@ -254,12 +315,22 @@ def _num(value: float | None, fmt: str = ".3g") -> str:
 
 
 def print_table(console: Console, rows: Sequence[CapacityRow], notes: dict[int, str], out_dir: Path,
-                elapsed_s: float) -> None:
-    """The capacity table, one line per (point, allocator); failures and caveats under it."""
+                elapsed_s: float, search: str = "rate") -> None:
+    """The capacity table, one line per (point, allocator); failures and caveats under it. A
+    concurrency search shows the clients and the tokens/s per GPU and per user instead of the
+    rate's bracket."""
     knobs = list(dict.fromkeys(k for r in rows for k in r.knobs if k != "allocators"))
-    table = Table(title="max sustainable rate under the SLO", title_justify="left")
-    for name in (*knobs, "allocator", "req/s", "range", "out tok/s", "goodput", "TTFT p99", "TPOT p99",
-                 "KV tokens", "max conc. (limit)", "req/s/GPU", "$/M tok"):
+    by_clients = search == "concurrency"
+    if by_clients:
+        title = "max closed-loop concurrency under the SLO"
+        names = ("concurrency", "range", "req/s", "out tok/s", "tok/s/user", "goodput", "TTFT p99",
+                 "TPOT p99", "KV tokens", "max conc. (limit)", "tok/s/GPU", "$/M tok")
+    else:
+        title = "max sustainable rate under the SLO"
+        names = ("req/s", "range", "out tok/s", "goodput", "TTFT p99", "TPOT p99", "KV tokens",
+                 "max conc. (limit)", "req/s/GPU", "$/M tok")
+    table = Table(title=title, title_justify="left")
+    for name in (*knobs, "allocator", *names):
         table.add_column(name, justify="left" if name in (*knobs, "allocator") else "right", no_wrap=True)
     remarks = []
     for r in rows:
@@ -268,11 +339,20 @@ def print_table(console: Console, rows: Sequence[CapacityRow], notes: dict[int, 
             who = f"point {r.point_index}" + (f" {r.allocator}" if r.allocator else "")
             remarks.append(f"{who} {r.status}: {r.message}")
         if r.status in ("failed", "slo-unmet"):
-            table.add_row(*cells, f"[red]{r.status}[/]", *[""] * 9)
+            table.add_row(*cells, f"[red]{r.status}[/]", *[""] * (len(names) - 1))
+            continue
+        common = (_num(r.throughput_tok_s, ",.0f"),)
+        if by_clients:
+            high = "∞" if r.clients_ci_high is None else str(r.clients_ci_high)
+            table.add_row(*cells, _num(r.max_clients, ".4g"), f"[{r.clients_ci_low}, {high}]",
+                          _num(r.max_rate_req_s, ".4g"), *common, _num(r.tok_s_per_user, ".4g"),
+                          _num(r.goodput_req_s), _num(r.ttft_p99_s), _num(r.tpot_p99_s),
+                          _num(r.kv_capacity_tokens, ",d"), f"{r.max_concurrency} ({r.limited_by})",
+                          _num(r.tok_s_per_gpu, ",.0f"), _num(r.usd_per_m_output_tokens, ".3f"))
             continue
         high = "∞" if r.rate_ci_high_req_s is None else _num(r.rate_ci_high_req_s, ".4g")
         table.add_row(*cells, _num(r.max_rate_req_s, ".4g"), f"[{_num(r.rate_ci_low_req_s, '.4g')}, {high}]",
-                      _num(r.throughput_tok_s, ",.0f"), _num(r.goodput_req_s), _num(r.ttft_p99_s),
+                      *common, _num(r.goodput_req_s), _num(r.ttft_p99_s),
                       _num(r.tpot_p99_s), _num(r.kv_capacity_tokens, ",d"),
                       f"{r.max_concurrency} ({r.limited_by})", _num(r.rate_per_gpu_req_s),
                       _num(r.usd_per_m_output_tokens, ".3f"))
@@ -281,4 +361,6 @@ def print_table(console: Console, rows: Sequence[CapacityRow], notes: dict[int, 
         console.print(line, markup=False)
     for note in sorted(set(notes.values())):
         console.print(f"note: {note}", markup=False)
-    console.print(f"wrote {out_dir / 'capacity.csv'} and capacity.json ({elapsed_s:.1f} s)", markup=False)
+    extra = ", pareto.csv" if by_clients else ""
+    console.print(f"wrote {out_dir / 'capacity.csv'}{extra} and capacity.json ({elapsed_s:.1f} s)",
+                  markup=False)

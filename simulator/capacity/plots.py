@@ -4,7 +4,10 @@
   the request rate, from the search's probes, one curve per allocator (its first seed; other
   seeds as dots), the SLO bounds as horizontal lines and each allocator's answer as a vertical one;
 * ``capacity_vs_block_size.png`` (when ``block_size`` is swept) and ``capacity_per_dollar.png``
-  (when ``gpu`` is swept): one panel per combination of the other knobs.
+  (when ``gpu`` is swept): one panel per combination of the other knobs;
+* ``pareto.png`` (``--search concurrency``): output tokens/s per GPU against output tokens/s per
+  user over 1, 2, 4, ... closed-loop clients, a line per point and allocator, the Pareto
+  frontier across all of them (:mod:`simulator.capacity.pareto`).
 
 Figures are :class:`matplotlib.figure.Figure` objects rendered by Agg, never pyplot (nothing
 global, no leak), and saved without the "Software" PNG key, so the same data gives the same bytes.
@@ -21,6 +24,7 @@ import matplotlib as mpl
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from simulator.capacity.pareto import ParetoPoint
 from simulator.capacity.search import Probe, SearchResult
 from simulator.capacity.sweep import CapacityRow
 from simulator.scenario import SLOSpec
@@ -182,3 +186,73 @@ def plot_capacity_per_dollar(path: Path, rows: Sequence[CapacityRow]) -> Path | 
             ax.set_ylabel("requests per USD")
         axes[0].legend(loc="best")
         return _save(fig, path)
+
+
+# --- throughput vs per-user speed over concurrency -------------------------------------------
+
+MAX_PARETO_LINES = 24  # beyond this the legend is unreadable; pareto.csv holds every point
+_LINE_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#999999")
+
+
+def plot_pareto(path: Path, points: Sequence[ParetoPoint], subtitle: str = "") -> Path | None:
+    """Output tok/s per GPU against output tok/s per user: one line per (sweep point, allocator)
+    through its concurrencies (labelled at each marker; hollow where the SLO failed), and the
+    Pareto frontier across every line. Lines drawn first are wider, so a line that another one
+    covers exactly still shows at its edges. None when there is nothing to draw."""
+    lines: dict[tuple[int, str], list[ParetoPoint]] = {}
+    for p in points:
+        lines.setdefault((p.point_index, p.allocator), []).append(p)
+    if not lines:
+        return None
+    allocators = list(dict.fromkeys(a for _, a in lines))
+    varying = _varying_knobs([p.knobs for p in points])
+    with mpl.rc_context(_RC):
+        wide = len(lines) > 6
+        fig = Figure(figsize=(11.5 if wide else 9, 6), layout="constrained")
+        ax = fig.subplots()
+        shown = list(lines.items())[:MAX_PARETO_LINES]
+        labelled: set[tuple[str, float, float]] = set()
+        for i, ((index, allocator), mine) in enumerate(shown):
+            mine = sorted(mine, key=lambda p: p.concurrency)
+            single = len(lines) == len(allocators)  # one sweep point: colour by allocator
+            colour = (_colour(allocator, allocators.index(allocator)) if single
+                      else _LINE_COLOURS[i % len(_LINE_COLOURS)])
+            style = _STYLES[allocators.index(allocator) % len(_STYLES)]
+            knobs = ", ".join(f"{k}={_text(mine[0].knobs.get(k))}" for k in varying)
+            label = f"{allocator}" + (f" — {knobs}" if knobs else "")
+            xs = [p.tok_s_per_user for p in mine]
+            ys = [p.tok_s_per_gpu for p in mine]
+            width = 1.4 + 2.0 * (len(shown) - 1 - i) / max(1, len(shown) - 1)
+            ax.plot(xs, ys, color=colour, linestyle=style, linewidth=width, label=label, zorder=3)
+            for p, x, y in zip(mine, xs, ys):
+                ax.plot([x], [y], marker="o", markersize=5, color=colour, zorder=4,
+                        markerfacecolor=colour if p.slo_ok else "white")
+                key = (str(p.concurrency), round(x, 6), round(y, 6))
+                if key not in labelled:  # identical points of two lines: one label
+                    labelled.add(key)
+                    ax.annotate(key[0], (x, y), textcoords="offset points", xytext=(4, 4),
+                                fontsize=7, color="#333333")
+        front = sorted((p.tok_s_per_user, p.tok_s_per_gpu) for p in points if p.on_frontier)
+        if front:
+            fx, fy = zip(*front)
+            ax.plot(fx, fy, color="#999999", linewidth=7, alpha=0.35, solid_capstyle="round",
+                    label="Pareto frontier", zorder=2)
+        ax.plot([], [], marker="o", linestyle="none", color="#555555", markerfacecolor="white",
+                label="SLO missed (hollow)")
+        ax.set_xlabel("output tokens/s per user (output tok/s ÷ clients)")
+        ax.set_ylabel("output tokens/s per GPU")
+        ax.set_xlim(left=0)
+        ax.set_ylim(bottom=0)
+        ax.set_title("throughput vs per-user speed over closed-loop concurrency (marker labels: clients)"
+                     + (f"\n{subtitle}" if subtitle else ""))
+        if wide:
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        else:
+            ax.legend(loc="best")
+        return _save(fig, path)
+
+
+def _varying_knobs(knob_sets: Sequence[dict[str, Any]]) -> list[str]:
+    """Knobs (other than allocators) whose value differs between sweep points."""
+    names = dict.fromkeys(k for knobs in knob_sets for k in knobs if k != "allocators")
+    return [k for k in names if len({_text(knobs.get(k)) for knobs in knob_sets}) > 1]

@@ -1,4 +1,8 @@
-"""The maximum request rate a deployment sustains under an SLO: one search per (point, allocator, seed).
+"""The maximum load a deployment sustains under an SLO: one search per (point, allocator, seed).
+
+The load is a mean request rate (``search="rate"``) or a number of closed-loop clients
+(``search="concurrency"``: the workload sent by N clients, each sending its next request when its
+previous one ends, as ``vllm bench serve --max-concurrency N`` does; see :mod:`workloads.clients`).
 
 A *probe* replays the scenario's workload rescaled to one mean rate (``workload.rate``) and checks
 the SLO on the result. The search brackets the threshold by doubling (or halving) the rate from a
@@ -8,6 +12,15 @@ start guess, then bisects the bracket ``[lo, hi]`` until ``hi − lo ≤ toleran
                  lo ├───────────┤ hi    bisect: mid passes -> lo = mid, fails -> hi = mid
                      lo ├─────┤ hi      ... until (hi − lo) / lo ≤ tolerance; the answer is lo
 
+Concurrency is searched the same way on integers from one client, until ``hi − lo ≤ max(1,
+tolerance × lo)``, and never beyond :func:`max_clients` (more clients than requests change
+nothing; beyond twice what the replicas may batch, the extra clients only wait in the server's
+queue). A closed loop is stable by construction (at most N requests in the system), so its
+stability test never fails; with ``max_concurrency`` on a rate, the wait for a client slot counts
+as queueing, so an offered rate the capped clients cannot send shows as a growing queue. With
+``curve``, a concurrency search also measures 1, 2, 4, ... clients up to saturation
+(:func:`curve_loads`), reusing the doubling's probes, for the throughput-latency plot.
+
 Bisection assumes "the SLO holds" is monotone in the rate (true of the analytic cases; with noisy
 workloads the seeds' spread is the honest error bar). "The SLO holds" means every bound of the
 scenario's ``slo:`` section holds *and* the system is stable: the queueing delay does not grow
@@ -15,7 +28,7 @@ along the trace (its least-squares slope against arrival time is at most
 :data:`MAX_QUEUE_GROWTH` seconds per second). A TTFT bound already implies it for long traces;
 the slope catches overload when the SLO bounds only TPOT.
 
-Probes are cached as JSON files keyed by a hash of the resolved scenario (rate and seed included),
+Probes are cached as JSON files keyed by a hash of the resolved scenario (load and seed included),
 the allocator and whether KV data was recorded, so an interrupted sweep resumes where it stopped.
 """
 
@@ -45,22 +58,24 @@ from simulator.latency import LatencyModel
 from simulator.plan import StepPlan
 from simulator.scenario import SLOSpec, parse_scenario
 from simulator.scheduler import Scheduler, Status
-from workloads import synthetic
+from workloads.clients import OPEN_LOOP, Clients
 from workloads.request import Request
-from workloads.spec import WorkloadSpec, build_requests
+from workloads.spec import WorkloadSpec, build_requests, shape_trace
 
 MAX_QUEUE_GROWTH = 0.05  # s of extra queueing per s of trace: an overload of ~5% or more is unstable
 MAX_DOUBLINGS = 24  # start × 2^24: beyond that the SLO holds "at every rate" (too short a trace)
 MAX_HALVINGS = 16  # start / 2^16: below that the SLO fails "at every rate"
-CACHE_VERSION = 1  # bump when a probe's meaning changes, so old cache files are not reused
+CACHE_VERSION = 2  # bump when a probe's meaning changes, so old cache files are not reused
+CLIENTS_PER_BATCH_SLOT = 2  # concurrency search: at most this × max_num_seqs × replicas clients
 
 
 @dataclass(frozen=True, slots=True)
 class Bracket:
     """Result of :func:`bracket_and_bisect`: the threshold lies in ``[lo_rate, hi_rate]``.
 
-    ``lo_rate`` is the highest rate that passed (0.0 when none did); ``hi_rate`` the lowest that
-    failed (``None`` when every rate tried passed). ``rates`` lists the probes in order.
+    ``lo_rate`` is the highest load (a rate, or a number of clients) that passed (0.0 when none
+    did); ``hi_rate`` the lowest that failed (``None`` when every load tried passed). ``rates``
+    lists the probes in order.
     """
 
     lo_rate: float
@@ -69,17 +84,24 @@ class Bracket:
 
 
 def bracket_and_bisect(holds: Callable[[float], bool], start_rate: float, tolerance: float, *,
-                       max_doublings: int = MAX_DOUBLINGS, max_halvings: int = MAX_HALVINGS) -> Bracket:
-    """Find the largest rate for which ``holds(rate)`` is True, to relative ``tolerance``.
+                       max_doublings: int = MAX_DOUBLINGS, max_halvings: int = MAX_HALVINGS,
+                       integer: bool = False, upper: float | None = None) -> Bracket:
+    """Find the largest load for which ``holds(load)`` is True, to relative ``tolerance``.
 
-    Contract: when a rate passes and another fails, the result has ``lo < hi`` and
-    ``hi − lo ≤ tolerance × lo``; ``holds`` is called once per distinct rate, in the order of
-    ``Bracket.rates``. Deterministic: the rates depend only on the answers.
+    Contract: when a load passes and another fails, the result has ``lo < hi`` and
+    ``hi − lo ≤ tolerance × lo`` (``integer``: loads are whole numbers ≥ 1 and
+    ``hi − lo ≤ max(1, ⌊tolerance × lo⌋)``); no load above ``upper`` is tried (reaching it and
+    passing there ends the search unbounded). ``holds`` is called once per distinct load, in the
+    order of ``Bracket.rates``. Deterministic: the loads depend only on the answers.
     """
     if not (start_rate > 0 and math.isfinite(start_rate)):
         raise ValueError(f"start_rate must be positive and finite, got {start_rate}")
     if not tolerance > 0:
         raise ValueError(f"tolerance must be positive, got {tolerance}")
+    if integer and (start_rate != int(start_rate) or (upper is not None and upper != int(upper))):
+        raise ValueError(f"an integer search needs whole numbers, got {start_rate} and {upper}")
+    if upper is not None and not upper >= start_rate:
+        raise ValueError(f"upper {upper} is below the start {start_rate}")
     rates: list[float] = []
 
     def probe(rate: float) -> bool:
@@ -91,23 +113,30 @@ def bracket_and_bisect(holds: Callable[[float], bool], start_rate: float, tolera
     if probe(start_rate):
         lo = start_rate
         for _ in range(max_doublings):
-            if not probe(lo * 2):
-                hi = lo * 2
+            if upper is not None and lo >= upper:
+                return Bracket(lo, None, tuple(rates))
+            nxt = lo * 2 if upper is None else min(lo * 2, upper)
+            if not probe(nxt):
+                hi = nxt
                 break
-            lo *= 2
+            lo = nxt
         else:
             return Bracket(lo, None, tuple(rates))
     else:
         hi = start_rate
         for _ in range(max_halvings):
-            if probe(hi / 2):
-                lo = hi / 2
+            nxt = hi // 2 if integer else hi / 2
+            if nxt < (1 if integer else 0) or nxt == hi:
+                return Bracket(0.0, hi, tuple(rates))
+            if probe(nxt):
+                lo = nxt
                 break
-            hi /= 2
+            hi = nxt
         else:
             return Bracket(0.0, hi, tuple(rates))
-    while hi - lo > tolerance * lo:
-        mid = (lo + hi) / 2
+    width = (lambda low: max(1, math.floor(tolerance * low))) if integer else (lambda low: tolerance * low)
+    while hi - lo > width(lo):
+        mid = (lo + hi) // 2 if integer else (lo + hi) / 2
         if probe(mid):
             lo = mid
         else:
@@ -120,7 +149,11 @@ def bracket_and_bisect(holds: Callable[[float], bool], start_rate: float, tolera
 
 @dataclass(frozen=True, slots=True)
 class Probe:
-    """One simulated rate of one (point, allocator, seed). KV fields are None unless recorded."""
+    """One simulated load of one (point, allocator, seed). KV fields are None unless recorded.
+
+    ``rate_req_s`` is the offered mean rate; for a closed loop (``concurrency`` set) it is the
+    rate the clients achieved, which a closed loop offers by construction (arrivals =
+    completions). Statistics leave out the workload's warm-up requests."""
 
     rate_req_s: float
     seed: int
@@ -143,6 +176,7 @@ class Probe:
     kv_used_mean: float | None = None  # allocated share of the pool (not free), time-averaged
     kv_used_peak: float | None = None
     kv_token_state_mean: float | None = None  # share holding written KV, time-averaged
+    concurrency: int | None = None  # closed-loop clients (None: a rate probe)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -173,11 +207,20 @@ def check_slo(slo: SLOSpec, *, num_requests: int, completed: int, rejected: int,
     return tuple(failures)
 
 
-def queue_growth(requests: pd.DataFrame) -> float:
-    """Least-squares slope of finished requests' queueing delay against their arrival time."""
-    done = requests[requests.status == Status.FINISHED.value]
+def queue_growth(requests: pd.DataFrame, offered_s: np.ndarray | None = None) -> float:
+    """Least-squares slope of finished requests' queueing delay against their arrival time.
+
+    With ``offered_s`` (the workload's arrival time of each row, when clients held sends back),
+    the delay counts from the offered arrival (the wait for a client slot, then the server's
+    queue) and the slope is taken against the offered arrival."""
+    finished = (requests.status == Status.FINISHED.value).to_numpy()
+    done = requests[finished]
     x = done.arrival_s.to_numpy(dtype=np.float64)
     y = done.queue_delay_s.to_numpy(dtype=np.float64)
+    if offered_s is not None:
+        offered = np.asarray(offered_s, dtype=np.float64)[finished]
+        y = y + (x - offered)
+        x = offered
     if len(x) < 2 or float(x.max() - x.min()) <= 0:
         return 0.0
     dx = x - x.mean()
@@ -186,7 +229,7 @@ def queue_growth(requests: pd.DataFrame) -> float:
 
 def goodput_req_s(requests: pd.DataFrame, slo: SLOSpec, makespan_s: float) -> float:
     """Finished requests with TTFT ≤ the bound and TPOT ≤ the bound (one-token outputs have no
-    TPOT and pass it), per second of makespan."""
+    TPOT and pass it), per second of ``makespan_s`` (the throughput window)."""
     done = requests[requests.status == Status.FINISHED.value]
     good = np.ones(len(done), dtype=bool)
     if slo.ttft_p99_s is not None:
@@ -233,15 +276,20 @@ def _counting_refusals(make_replica: Callable[[int], tuple[Scheduler, KVAllocato
     return make
 
 
-def simulate_probe(dep: Deployment, allocator: str, rate_req_s: float, seed: int, slo: SLOSpec,
-                   requests: list[Request], *, record_steps: bool) -> Probe:
-    """Replay ``requests`` (already at ``rate_req_s``) on ``dep`` and check ``slo``."""
+def simulate_probe(dep: Deployment, allocator: str, rate_req_s: float | None, seed: int, slo: SLOSpec,
+                   requests: list[Request], *, record_steps: bool, clients: Clients = OPEN_LOOP) -> Probe:
+    """Replay ``requests`` (already at ``rate_req_s``) sent by ``clients`` on ``dep`` and check
+    ``slo``. ``rate_req_s`` None: a closed loop, whose rate is the one its clients achieve."""
     peak, refusals = _PeakBatch(dep.latency), [0]
     result = simulate(requests, _counting_refusals(dep.replica_factory(allocator), refusals), peak,
-                      num_replicas=dep.scenario.num_replicas, record_steps=record_steps)
+                      num_replicas=dep.scenario.num_replicas, clients=clients, record_steps=record_steps)
     frame, steps = metrics.requests_frame(result), metrics.steps_frame(result)
     s = metrics.summarize(result, frame, steps, dep.capacity_tokens)
-    growth = queue_growth(frame)
+    measured = metrics.measured_requests(result, frame)
+    offered = None
+    if result.offered is not None:
+        offered = np.array([r.arrival_s for r in result.offered[clients.warmup_requests:]])
+    growth = queue_growth(measured, offered)
     p99 = {k: s[k]["p99"] for k in ("ttft_s", "tpot_s", "e2e_s", "queue_delay_s")}
     failures = check_slo(slo, num_requests=len(requests), completed=s["completed"], rejected=s["rejected"],
                          ttft_p99_s=p99["ttft_s"], tpot_p99_s=p99["tpot_s"], e2e_p99_s=p99["e2e_s"],
@@ -253,19 +301,24 @@ def simulate_probe(dep: Deployment, allocator: str, rate_req_s: float, seed: int
         # max(0, ...): 1 − free − external can come out as −1e-16 for an idle pool
         kv = {"kv_used_mean": max(0.0, 1.0 - s["kv"]["free"] - s["kv"]["external_fragmentation"]),
               "kv_used_peak": float(used.max()), "kv_token_state_mean": s["kv"]["token_state"]}
+    closed_loop = rate_req_s is None
     return Probe(
-        rate_req_s=rate_req_s, seed=seed, ok=not failures, failures=failures,
-        num_requests=len(requests), completed=s["completed"], rejected=s["rejected"],
+        rate_req_s=s["throughput_req_s"] if closed_loop else rate_req_s, seed=seed, ok=not failures,
+        failures=failures, num_requests=len(requests), completed=s["completed"], rejected=s["rejected"],
         throughput_req_s=s["throughput_req_s"], throughput_tok_s=s["throughput_tok_s"],
-        goodput_req_s=goodput_req_s(frame, slo, s["makespan_s"]),
+        goodput_req_s=goodput_req_s(measured, slo, s["throughput_window_s"]),
         ttft_p99_s=p99["ttft_s"], tpot_p99_s=p99["tpot_s"], e2e_p99_s=p99["e2e_s"],
         queue_delay_p99_s=p99["queue_delay_s"], queue_growth=growth,
         max_batch_size=peak.max_batch_size, num_kv_refusals=refusals[0], num_preemptions=s["num_preemptions"],
-        **kv,
+        concurrency=clients.max_in_flight if closed_loop else None, **kv,
     )
 
 
 # --- one search (the unit of parallel work) -------------------------------------------------
+
+
+SEARCHES = ("rate", "concurrency")
+CURVE_MIN_GAIN = 0.05  # the curve stops once doubling the clients adds less than 5% throughput
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +326,10 @@ class SearchTask:
     """Everything a worker needs, as plain data (it crosses process and Ray boundaries).
 
     ``scenario`` is the point's resolved scenario mapping with ``allocators`` set to this
-    allocator and ``seed`` to this seed; ``base_dir`` anchors its relative paths.
+    allocator and ``seed`` to this seed; ``base_dir`` anchors its relative paths. ``search`` is
+    what varies: ``rate`` (``start_rate_req_s`` is the first rate) or ``concurrency`` (closed-loop
+    clients; ``start_rate_req_s`` is the first number of clients). ``curve``: also measure the
+    throughput-latency curve over 1, 2, 4, ... clients (concurrency only).
     """
 
     point_index: int
@@ -286,12 +342,23 @@ class SearchTask:
     tolerance: float
     record_steps: bool  # KV data on every probe (the KV-utilization plot needs it)
     cache_dir: str | None
+    search: str = "rate"
+    curve: bool = False
+
+    def __post_init__(self) -> None:
+        assert self.search in SEARCHES, self.search
+        assert not self.curve or self.search == "concurrency", "a curve is over concurrency"
 
 
 @dataclass(frozen=True, slots=True)
 class SearchResult:
-    """One seed's answer: the bracket, every probe in order, and the probe at ``lo_rate`` with
-    KV data (``None`` when no rate passed)."""
+    """One seed's answer: the bracket, every probe in order, and the probe at the highest passing
+    load with KV data (``None`` when none passed).
+
+    ``lo_rate_req_s``/``hi_rate_req_s`` are rates: the bracket of a rate search, or the rates the
+    clients achieved at ``lo_concurrency``/``hi_concurrency`` (0.0/None when there is no such
+    probe) for a concurrency search. ``curve``: probes at 1, 2, 4, ... clients (see
+    :func:`curve_loads`), empty unless asked for."""
 
     point_index: int
     allocator: str
@@ -300,13 +367,17 @@ class SearchResult:
     hi_rate_req_s: float | None
     probes: tuple[Probe, ...]
     at_max: Probe | None
+    search: str = "rate"
+    lo_concurrency: int | None = None
+    hi_concurrency: int | None = None
+    curve: tuple[Probe, ...] = ()
 
 
-def cache_key(scenario: dict[str, Any], base_dir: str, allocator: str, rate_req_s: float, seed: int,
+def cache_key(scenario: dict[str, Any], base_dir: str, allocator: str, load: float, seed: int,
               record_steps: bool) -> str:
-    """Hex digest naming one probe's cache file."""
+    """Hex digest naming one probe's cache file (``load``: its rate, or its number of clients)."""
     payload = {"version": CACHE_VERSION, "scenario": scenario, "base_dir": base_dir, "allocator": allocator,
-               "rate_req_s": rate_req_s, "seed": seed, "record_steps": record_steps}
+               "load": load, "seed": seed, "record_steps": record_steps}
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -328,45 +399,79 @@ def _write_cache(path: Path, probe: Probe) -> None:
 
 
 class RateWorkload:
-    """A scenario's requests at any mean rate, as ``build_requests`` with ``workload.rate`` set.
+    """A scenario's requests at any mean rate (as ``build_requests`` with ``workload.rate`` set)
+    or sent by any number of closed-loop clients (``workload.concurrency`` set).
 
-    A trace is parsed once; each rate then rescales and slices it with the same calls, in the same
-    order, as :func:`workloads.spec.build_requests` (so the same requests, bit for bit): parsing
-    is most of the cost of building a trace's requests, as much as a short simulation.
+    A trace is parsed once; each load then reshapes it with :func:`workloads.spec.shape_trace`, the
+    very function ``build_requests`` uses (so the same requests, bit for bit): parsing is most of
+    the cost of building a trace's requests, as much as a short simulation.
     """
 
-    def __init__(self, spec: WorkloadSpec, *, seed: int, base_dir: Path) -> None:
+    def __init__(self, spec: WorkloadSpec, *, seed: int, base_dir: Path, where: str = "workload") -> None:
         self.spec = spec
         self.seed = seed
         self.base_dir = base_dir
+        self.where = where
         self._full: list[Request] | None = None  # the whole trace at its own rate, read on first use
 
     def at_rate(self, rate_req_s: float) -> list[Request]:
         """The workload's requests rescaled to a mean of ``rate_req_s`` requests per second."""
-        spec = self.spec.model_copy(update={"rate": rate_req_s, "rate_scale": None})
+        return self._build(self.spec.model_copy(update={"rate": rate_req_s, "rate_scale": None}))
+
+    def at_concurrency(self, concurrency: int) -> tuple[list[Request], Clients]:
+        """The workload's requests and the ``concurrency`` closed-loop clients that send them
+        (its arrival times dropped, see :meth:`WorkloadSpec.closed_loop_at`)."""
+        requests = self._build(self.closed_loop_spec(concurrency))
+        return requests, self.closed_loop_spec(concurrency).client_policy(len(requests))
+
+    def closed_loop_spec(self, concurrency: int) -> WorkloadSpec:
+        return self.spec.closed_loop_at(concurrency, self.where)
+
+    def _build(self, spec: WorkloadSpec) -> list[Request]:
         if spec.trace is None:
             return build_requests(spec, seed=self.seed, base_dir=self.base_dir)
         if self._full is None:
-            bare = spec.model_copy(update={"rate": None, "start_s": None, "duration_s": None,
-                                           "num_requests": None, "n": 1, "beam_width": 1})
+            bare = self.spec.model_copy(update={
+                "rate": None, "rate_scale": None, "start_s": None, "duration_s": None,
+                "num_requests": None, "n": 1, "beam_width": 1, "concurrency": None,
+                "requests_per_client": None})
             self._full = build_requests(bare, seed=self.seed, base_dir=self.base_dir)
         try:
-            requests = synthetic.rescale_to_rate(self._full, rate_req_s)
-            if spec.start_s is not None or spec.duration_s is not None or spec.num_requests is not None:
-                requests = synthetic.slice_requests(requests, start_s=spec.start_s,
-                                                    duration_s=spec.duration_s,
-                                                    num_requests=spec.num_requests)
+            return shape_trace(self._full, spec)
         except KvplanError as err:
             raise KvplanError(f"workload: {err}") from None
-        if spec.n != 1 or spec.beam_width != 1:
-            requests = [dataclasses.replace(r, n=spec.n, beam_width=spec.beam_width) for r in requests]
-        return requests
+
+
+def max_clients(spec: WorkloadSpec, max_num_seqs: int, num_replicas: int) -> int:
+    """The most closed-loop clients a concurrency search tries: beyond the workload's fixed
+    ``num_requests`` more clients change nothing, and beyond ``CLIENTS_PER_BATCH_SLOT ×
+    max_num_seqs × num_replicas`` the extra clients only wait in the server's queue."""
+    cap = CLIENTS_PER_BATCH_SLOT * max_num_seqs * num_replicas
+    return min(cap, spec.num_requests) if spec.num_requests is not None else cap
+
+
+def curve_loads(probe_at: Callable[[int], Probe], upper: int, batch_cap: int) -> tuple[Probe, ...]:
+    """The throughput-latency curve: probes at 1, 2, 4, ... clients (``upper`` last if reached)
+    until saturation — the last point added less than CURVE_MIN_GAIN output throughput over the
+    one before, or the clients reached ``batch_cap`` (max_num_seqs × replicas: more only queue),
+    or ``upper``."""
+    points: list[Probe] = []
+    clients = 1
+    while True:
+        point = probe_at(clients)
+        points.append(point)
+        if len(points) > 1 and point.throughput_tok_s < (1 + CURVE_MIN_GAIN) * points[-2].throughput_tok_s:
+            break
+        if clients >= batch_cap or clients >= upper:
+            break
+        clients = min(clients * 2, upper)
+    return tuple(points)
 
 
 def run_search(task: SearchTask) -> SearchResult:
     """Search one (point, allocator, seed); probes come from the cache when present.
 
-    The deployment is built once (the rate changes only the workload). Raises KvplanError for
+    The deployment is built once (the load changes only the workload). Raises KvplanError for
     bad input; the caller validated the point's deployment before dispatching, so that is rare.
     """
     base_dir = Path(task.base_dir)
@@ -374,43 +479,79 @@ def run_search(task: SearchTask) -> SearchResult:
     assert scenario.slo is not None, "the caller checks the slo section"
     slo = scenario.slo
     dep = build_deployment(scenario, base_dir)
-    workload = RateWorkload(scenario.workload, seed=scenario.seed, base_dir=base_dir)
+    workload = RateWorkload(scenario.workload, seed=scenario.seed, base_dir=base_dir, where=task.where)
+    by_clients = task.search == "concurrency"
     memo: dict[tuple[float, bool], Probe] = {}
 
-    def probe(rate: float, record_steps: bool) -> Probe:
-        if (rate, record_steps) in memo:
-            return memo[rate, record_steps]
+    def scenario_at(load: float) -> dict[str, Any]:
         data = copy.deepcopy(task.scenario)
-        data["workload"].pop("rate_scale", None)
-        data["workload"]["rate"] = rate
+        if by_clients:
+            spec = workload.closed_loop_spec(int(load))
+            data["workload"] = spec.model_dump(mode="json", exclude_defaults=True)
+        else:
+            data["workload"].pop("rate_scale", None)
+            data["workload"]["rate"] = load
+        return data
+
+    def simulate_at(load: float, record_steps: bool) -> Probe:
+        if by_clients:
+            requests, clients = workload.at_concurrency(int(load))
+            return simulate_probe(dep, task.allocator, None, task.seed, slo, requests,
+                                  record_steps=record_steps, clients=clients)
+        requests = workload.at_rate(load)
+        clients = scenario.workload.client_policy(len(requests))
+        return simulate_probe(dep, task.allocator, load, task.seed, slo, requests,
+                              record_steps=record_steps, clients=clients)
+
+    def probe(load: float, record_steps: bool) -> Probe:
+        if (load, record_steps) in memo:
+            return memo[load, record_steps]
+        data = scenario_at(load)
         path = None
         if task.cache_dir is not None:
             # A probe recorded with KV data also answers a request without it.
             for recorded in (record_steps, True):
-                key = cache_key(data, task.base_dir, task.allocator, rate, task.seed, recorded)
+                key = cache_key(data, task.base_dir, task.allocator, load, task.seed, recorded)
                 cached = _read_cache(Path(task.cache_dir) / f"{key}.json")
                 if cached is not None:
                     if recorded and not record_steps:  # as a fresh probe would be: no KV data
                         cached = dataclasses.replace(cached, kv_used_mean=None, kv_used_peak=None,
                                                      kv_token_state_mean=None)
-                    memo[rate, record_steps] = cached
+                    memo[load, record_steps] = cached
                     return cached
-            key = cache_key(data, task.base_dir, task.allocator, rate, task.seed, record_steps)
+            key = cache_key(data, task.base_dir, task.allocator, load, task.seed, record_steps)
             path = Path(task.cache_dir) / f"{key}.json"
-        requests = workload.at_rate(rate)
-        result = simulate_probe(dep, task.allocator, rate, task.seed, slo, requests,
-                                record_steps=record_steps)
+        result = simulate_at(load, record_steps)
         if path is not None:
             _write_cache(path, result)
-        memo[rate, record_steps] = result
+        memo[load, record_steps] = result
         return result
 
-    bracket = bracket_and_bisect(lambda r: probe(r, task.record_steps).ok, task.start_rate_req_s,
-                                 task.tolerance)
-    probes = tuple(memo[r, task.record_steps] for r in bracket.rates)
-    at_max = probe(bracket.lo_rate, True) if bracket.lo_rate > 0 else None
-    return SearchResult(task.point_index, task.allocator, task.seed, bracket.lo_rate, bracket.hi_rate,
-                        probes, at_max)
+    if not by_clients:
+        bracket = bracket_and_bisect(lambda r: probe(r, task.record_steps).ok, task.start_rate_req_s,
+                                     task.tolerance)
+        probes = tuple(memo[r, task.record_steps] for r in bracket.rates)
+        at_max = probe(bracket.lo_rate, True) if bracket.lo_rate > 0 else None
+        return SearchResult(task.point_index, task.allocator, task.seed, bracket.lo_rate, bracket.hi_rate,
+                            probes, at_max)
+    cfg = dep.scheduler_config
+    upper = max_clients(scenario.workload, cfg.max_num_seqs, scenario.num_replicas)
+    start = min(int(task.start_rate_req_s), upper)
+    bracket = bracket_and_bisect(lambda n: probe(n, task.record_steps).ok, start, task.tolerance,
+                                 integer=True, upper=upper)
+    probes = tuple(memo[n, task.record_steps] for n in bracket.rates)
+    lo = int(bracket.lo_rate)
+    hi = None if bracket.hi_rate is None else int(bracket.hi_rate)
+    at_max = probe(lo, True) if lo > 0 else None
+    curve: tuple[Probe, ...] = ()
+    if task.curve:
+        curve = curve_loads(lambda n: probe(n, task.record_steps), upper,
+                            cfg.max_num_seqs * scenario.num_replicas)
+    return SearchResult(
+        task.point_index, task.allocator, task.seed,
+        at_max.rate_req_s if at_max is not None else 0.0,
+        memo[hi, task.record_steps].rate_req_s if hi is not None else None,
+        probes, at_max, "concurrency", lo if lo > 0 else None, hi, curve)
 
 
 def limited_by(probe: Probe, max_num_seqs: int) -> str:

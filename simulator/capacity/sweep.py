@@ -37,12 +37,15 @@ from simulator.kv.gpus import get_gpu
 from simulator.run import load_requests
 from simulator.scenario import Scenario, parse_scenario, set_dotted
 from simulator.yamlfile import read_yaml
+from workloads.spec import FixedLengths
 from workloads.synthetic import mean_rate_per_s
 
 SWEEP_KEY = "sweep"
 NOT_SWEEPABLE = {"seed": "use --seeds", "workload.rate": "the search varies the rate",
                  "workload.rate_scale": "the search varies the rate",
-                 "workload.arrival.rate": "the search varies the rate", "name": "", "description": ""}
+                 "workload.arrival.rate": "the search varies the rate",
+                 "workload.concurrency": "--search concurrency varies the clients",
+                 "name": "", "description": ""}
 DEFAULT_START_RATE_REQ_S = 1.0
 
 
@@ -175,13 +178,22 @@ def _text(value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
-def seeds_for(scenario: Scenario, num_seeds: int) -> tuple[list[int], str | None]:
+def seeds_for(scenario: Scenario, num_seeds: int, search: str = "rate") -> tuple[list[int], str | None]:
     """The seeds to search with, and a note when fewer than asked make sense: a trace's arrivals
-    do not depend on the seed (only beam search draws from it), so it gets one seed."""
+    do not depend on the seed (only beam search draws from it), so it gets one seed; nor do
+    fixed lengths sent without arrival times (a burst, or closed-loop clients)."""
     if num_seeds < 1:
         raise KvplanError(f"--seeds must be at least 1, got {num_seeds}")
-    if scenario.workload.trace is not None and scenario.workload.beam_width == 1 and num_seeds > 1:
+    spec = scenario.workload
+    if spec.trace is not None and spec.beam_width == 1 and num_seeds > 1:
         return [scenario.seed], "trace workload: the seed changes nothing, so 1 seed per point"
+    untimed = spec.untimed or search == "concurrency"
+    fixed = (untimed and spec.shared_prefix is None and spec.beam_width == 1
+             and isinstance(spec.prompt_tokens, FixedLengths)
+             and isinstance(spec.output_tokens, FixedLengths))
+    if fixed and num_seeds > 1:
+        return [scenario.seed], ("fixed lengths sent without arrival times: the seed changes nothing, "
+                                 "so 1 seed")
     return [scenario.seed + k for k in range(num_seeds)], None
 
 
@@ -189,8 +201,11 @@ def start_rate_req_s(scenario: Scenario, base_dir: Path, memo: dict[str, float])
     """The search's first rate: the workload's own mean rate (its ``rate``, its arrival rate, or
     the trace's native rate times ``rate_scale``)."""
     spec = scenario.workload
-    if spec.rate is not None:
+    if spec.rate is not None and math.isfinite(spec.rate):
         return spec.rate
+    if spec.burst:  # rate: inf has no rate to start from: the trace's own, or the default
+        scenario = scenario.model_copy(update={"workload": spec.model_copy(update={"rate": None})})
+        spec = scenario.workload
     scale = spec.rate_scale or 1.0
     if spec.arrival is not None and spec.arrival.rate is not None:
         return spec.arrival.rate * scale
@@ -232,16 +247,31 @@ class CapacityRow:
     price_usd_per_gpu_hour: float | None = None
     usd_per_m_output_tokens: float | None = None
     message: str = ""
+    # concurrency search (``search == "concurrency"``); max_rate_req_s is then the rate achieved
+    search: str = "rate"
+    max_clients: float | None = None  # mean over seeds of the most clients that passed
+    clients_ci_low: int | None = None  # fewest of those over seeds
+    clients_ci_high: int | None = None  # most clients that failed, over seeds (None: unbounded)
+    tok_s_per_gpu: float | None = None  # output tok/s per GPU at the max
+    tok_s_per_user: float | None = None  # output tok/s per client at the max (vLLM's tokens/s/user)
 
 
-def failed_row(point: SweepPoint, allocator: str) -> CapacityRow:
-    return CapacityRow(point.index, point.knobs, allocator, "failed", message=point.error or "")
+RATE_ONLY_FIELDS = ("rate_ci_low_req_s", "rate_ci_high_req_s")
+CONCURRENCY_ONLY_FIELDS = ("max_clients", "clients_ci_low", "clients_ci_high", "tok_s_per_gpu",
+                           "tok_s_per_user")
+
+
+def failed_row(point: SweepPoint, allocator: str, search: str = "rate") -> CapacityRow:
+    return CapacityRow(point.index, point.knobs, allocator, "failed", message=point.error or "",
+                       search=search)
 
 
 def summarize_searches(point: SweepPoint, allocator: str, results: Sequence[SearchResult],
                        price_usd_per_gpu_hour: float | None, note: str | None = None) -> CapacityRow:
     """Fold one (point, allocator)'s per-seed searches into a table row."""
     assert point.deployment is not None and point.scenario is not None and results
+    if results[0].search == "concurrency":
+        return _summarize_clients(point, allocator, results, price_usd_per_gpu_hour, note)
     dep = point.deployment
     num_gpus = dep.capacity.tp * point.scenario.num_replicas
     los = [r.lo_rate_req_s for r in results]
@@ -275,6 +305,48 @@ def summarize_searches(point: SweepPoint, allocator: str, results: Sequence[Sear
         limited_by="/".join(sorted({limited_by(p, dep.scheduler_config.max_num_seqs) for p in at_max})),
         kv_used_peak=max((p.kv_used_peak for p in at_max if p.kv_used_peak is not None), default=None),
         rate_per_gpu_req_s=rate / num_gpus, usd_per_m_output_tokens=usd, message="; ".join(messages),
+    )
+
+
+def _summarize_clients(point: SweepPoint, allocator: str, results: Sequence[SearchResult],
+                       price_usd_per_gpu_hour: float | None, note: str | None) -> CapacityRow:
+    """:func:`summarize_searches` for a concurrency search: the answer is a number of clients."""
+    assert point.deployment is not None and point.scenario is not None
+    dep = point.deployment
+    num_gpus = dep.capacity.tp * point.scenario.num_replicas
+    los = [r.lo_concurrency or 0 for r in results]
+    his = [r.hi_concurrency for r in results]
+    at_max = [r.at_max for r in results if r.at_max is not None]
+    base = dict(point_index=point.index, knobs=point.knobs, allocator=allocator, num_seeds=len(results),
+                kv_capacity_tokens=dep.capacity_tokens, num_gpus=num_gpus,
+                price_usd_per_gpu_hour=price_usd_per_gpu_hour, search="concurrency")
+    if not at_max:
+        first = min((p for r in results for p in r.probes), key=lambda p: p.concurrency or 0)
+        return CapacityRow(**base, status="slo-unmet", max_clients=0.0, clients_ci_low=0,
+                           clients_ci_high=min(h for h in his if h is not None),
+                           message=f"SLO fails even with {first.concurrency} client(s): "
+                                   + "; ".join(first.failures))
+    tok_s = statistics.fmean(p.throughput_tok_s for p in at_max)
+    usd = (price_usd_per_gpu_hour * num_gpus / (3600.0 * tok_s) * 1e6
+           if price_usd_per_gpu_hour is not None and tok_s > 0 else None)
+    unbounded = any(h is None for h in his)
+    messages = [note] if note else []
+    if unbounded:
+        messages.append(f"SLO holds with every number of clients tried (up to {max(los)}): more "
+                        "only wait in the server's queue or exceed the workload's requests")
+    rate = statistics.fmean(p.rate_req_s for p in at_max)
+    return CapacityRow(
+        **base, status="unbounded" if unbounded else "ok", max_rate_req_s=rate,
+        max_clients=statistics.fmean(los), clients_ci_low=min(los),
+        clients_ci_high=None if unbounded else max(h for h in his if h is not None),
+        throughput_tok_s=tok_s, goodput_req_s=statistics.fmean(p.goodput_req_s for p in at_max),
+        ttft_p99_s=_mean([p.ttft_p99_s for p in at_max]), tpot_p99_s=_mean([p.tpot_p99_s for p in at_max]),
+        max_concurrency=max(p.max_batch_size for p in at_max),
+        limited_by="/".join(sorted({limited_by(p, dep.scheduler_config.max_num_seqs) for p in at_max})),
+        kv_used_peak=max((p.kv_used_peak for p in at_max if p.kv_used_peak is not None), default=None),
+        rate_per_gpu_req_s=rate / num_gpus, usd_per_m_output_tokens=usd, message="; ".join(messages),
+        tok_s_per_gpu=tok_s / num_gpus,
+        tok_s_per_user=statistics.fmean(p.throughput_tok_s / (p.concurrency or 1) for p in at_max),
     )
 
 

@@ -80,8 +80,11 @@ def check_littles_law(result: SimResult, capacity_tokens: int) -> dict:
             a = np.sort(mine.arrival_s.to_numpy())
             f = np.sort((mine.arrival_s + mine.e2e_s).to_numpy())
             ends = (rows.time_s + rows.duration_s).to_numpy()
-            arrived = np.searchsorted(a, ends, side="left")  # arrivals strictly before the end
-            left = np.searchsorted(f, ends, side="right")  # finished at or before it
+            # arrival + e2e can round a hair past the step end it equals; closed-loop clients
+            # send exactly at step ends, counted after the step
+            eps = 1e-9 * max(1.0, float(ends.max()))
+            arrived = np.searchsorted(a, ends - eps, side="left")  # arrivals strictly before the end
+            left = np.searchsorted(f, ends + eps, side="right")  # finished at or before it
             counted = (rows.num_running_seqs + rows.num_waiting).to_numpy()
             assert np.array_equal(arrived - left, counted)
     return summary

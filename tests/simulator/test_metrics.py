@@ -30,10 +30,12 @@ from workloads.request import Request
 
 CAPACITY = 32
 SUMMARY_FIELDS = {
-    "completed", "rejected", "rejected_by_reason", "makespan_s", "throughput_req_s",
+    "completed", "rejected", "rejected_by_reason", "makespan_s", "warmup_requests",
+    "throughput_window_s", "throughput_req_s",
     "throughput_tok_s", "throughput_total_tok_s", "queue_delay_s", "ttft_s", "tpot_s", "e2e_s",
     "mean_batch_size", "max_batch_size", "num_steps", "busy_fraction", "num_preemptions",
-    "num_swaps", "requests_blocked_by_external_fragmentation", "prefix_hit_rate", "kv",
+    "num_swaps", "requests_blocked_by_external_fragmentation", "prefix_hit_rate",
+    "readmission_hit_tokens", "kv",
 }
 KV_FIELDS = {"token_state", "reserved", "internal_fragmentation", "external_fragmentation", "free",
              "shared_saved", "peak_token_state", "kv_capacity_tokens"}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from simulator.errors import KvplanError
 from workloads.loaders import bundled_trace_path, load_azure
 from workloads.spec import WorkloadSpec, build_requests, format_validation_error, parse_workload
-from workloads.synthetic import mean_rate_per_s
+from workloads.synthetic import fit_to_max_model_len, mean_rate_per_s
 
 SYNTHETIC_YAML = """
 workload:
@@ -96,14 +95,18 @@ def test_relative_trace_paths_and_options(tmp_path: Path) -> None:
         build_requests(parse_workload({"trace": "bundled:azure"}, "s.yaml"), seed=0, base_dir=tmp_path)
 
 
-def test_max_model_len(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_max_model_len_policies_on_a_real_trace(tmp_path: Path) -> None:
     spec = parse_workload({"trace": "bundled:mooncake"}, "s.yaml")
-    with caplog.at_level(logging.WARNING, logger="workloads.spec"):
-        requests = build_requests(spec, seed=0, base_dir=tmp_path, max_model_len=32_768)
-    assert all(r.prompt_tokens + r.output_tokens <= 32_768 for r in requests)
-    assert [r.request_id for r in requests] == list(range(len(requests)))
-    assert 3000 < len(requests) < 3993
-    assert "max_model_len 32768 drops" in caplog.text
+    requests = build_requests(spec, seed=0, base_dir=tmp_path)
+    over = sum(r.prompt_tokens + r.output_tokens > 32_768 for r in requests)
+    assert over > 0  # build_requests leaves long requests to the policy
+    cut = fit_to_max_model_len(requests, 32_768, "truncate")
+    assert all(r.prompt_tokens + r.output_tokens <= 32_768 for r in cut.requests)
+    assert [r.request_id for r in cut.requests] == list(range(len(cut.requests)))
+    assert 3000 < len(cut.requests) < 3993
+    assert cut.num_dropped + cut.num_truncated == cut.num_over_window == over
+    kept = fit_to_max_model_len(requests, 32_768, "reject")
+    assert kept.requests == requests and kept.num_rejected == over
 
 
 @pytest.mark.parametrize(
