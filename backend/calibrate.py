@@ -9,6 +9,12 @@ scheduler would produce)::
     copy      decodes whose last blocks are copied first (copy-on-write)
     swap      decodes plus blocks swapped out or in over PCIe
 
+Two sizes: the full sweep (the default on a GPU) and a quick one (the default on a CPU, where
+the full sweep's 8k-token prefills take minutes per shape at a real model's widths: the quick
+sweep of llama-3.1-8b with ``--layers 1`` takes about half a minute on one idle core). Before
+the sweep, the lightest and the heaviest shape are timed once and the sweep's wall time is
+estimated from them (:func:`estimate_sweep_s`), so a user knows at the start what to expect.
+
 Each shape runs a few warm-up times, then the median of the repeats is kept (CUDA events on a
 GPU, perf_counter on a CPU). With ``layers`` k < L the per-layer part of every step (KV copies,
 the layer stack) is scaled by L / k. ``fit_linear`` is fitted on the features of every shape but
@@ -35,6 +41,7 @@ import numpy as np
 import torch
 import yaml
 
+from backend.machine_load import StageLoad, sample_load
 from backend.model import rank_shape, torch_dtype
 from backend.runner import ModelRunner
 from simulator.errors import KvplanError
@@ -81,6 +88,12 @@ class Shape:
     def max_len_tokens(self) -> int:
         return max(max(self.decode_contexts, default=0), self.cached_tokens + self.chunk_tokens)
 
+    @property
+    def work_tokens(self) -> int:
+        """Tokens the step pushes through the layers (prefill chunk + one per decode): the
+        proxy of its cost that :func:`estimate_sweep_s` interpolates on."""
+        return self.chunk_tokens + len(self.decode_contexts)
+
 
 @dataclass(frozen=True, slots=True)
 class SweepLimits:
@@ -98,8 +111,10 @@ def sweep_shapes(limits: SweepLimits, *, quick: bool, block_size: int, seed: int
         return tuple(int(x) for x in rng.integers(min(low, cap), min(high, cap) + 1, count))
 
     short, long, very_long = ((8, 64), (128, 512), 1024) if quick else ((16, 512), (1024, 4096), 16384)
-    batches = (1, 4, 16) if quick else (1, 2, 4, 8, 16, 32, 64, 128, 256)
-    chunks = (16, 64, 256) if quick else (16, 64, 256, 512, 1024, 2048, 4096, 8192)
+    # quick: 26 shapes, 6 of them held out, for 8 coefficients; each size between its neighbours
+    # so that the held-out shapes test interpolation
+    batches = (1, 4, 8, 16) if quick else (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    chunks = (16, 64, 128, 256) if quick else (16, 64, 256, 512, 1024, 2048, 4096, 8192)
     cached = (0, 128) if quick else (0, 1024, 4096)
     shapes: list[Shape] = []
     for b in (b for b in batches if b <= limits.max_num_seqs):
@@ -175,7 +190,7 @@ class CalibrateOptions:
     layers: int | None = None
     block_size: int = 16
     kv_cache_dtype: str = "auto"
-    quick: bool = False
+    quick: bool | None = None  # None: the quick sweep on a CPU, the full one on a GPU
     seed: int = 0
     # the sweep stays inside these (a scenario's limits); None: the sweep's defaults
     max_num_seqs: int | None = None
@@ -187,6 +202,43 @@ class CalibrateOptions:
 class Calibration:
     profile: dict[str, Any]
     num_skipped_shapes: int = 0  # shapes dropped because they did not fit the device's memory
+
+
+@dataclass(frozen=True, slots=True)
+class SweepEstimate:
+    """What the sweep will take, from two shapes timed before it starts."""
+
+    setup_s: float  # already spent: building the model with random weights, timing the two shapes
+    num_shapes: int
+    runs_per_shape: int  # warm-up runs + timed repeats
+    light_step_s: float  # wall time of one run of the lightest shape
+    heavy_step_s: float  # ... and of the heaviest
+    total_s: float  # the sweep's predicted wall time
+
+    def describe(self) -> str:
+        return (f"model ready in {_duration(self.setup_s)}; sweep of {self.num_shapes} shapes × "
+                f"{self.runs_per_shape} runs: about {_duration(self.total_s)} more (one run takes "
+                f"{1e3 * self.light_step_s:,.0f} ms for the lightest shape, "
+                f"{1e3 * self.heavy_step_s:,.0f} ms for the heaviest)")
+
+
+def estimate_sweep_s(shapes: list[Shape], light_s: float, heavy_s: float, runs_per_shape: int) -> float:
+    """The sweep's wall time: each shape's run time interpolated linearly in
+    :attr:`Shape.work_tokens` between the lightest shape's (``light_s``) and the heaviest's
+    (``heavy_s``), times the runs per shape. Attention over long contexts is not in the proxy, so
+    this is an estimate; the progress bar's remaining time corrects it as shapes complete."""
+    if not shapes:
+        return 0.0
+    lo = min(s.work_tokens for s in shapes)
+    hi = max(s.work_tokens for s in shapes)
+    slope = (heavy_s - light_s) / (hi - lo) if hi > lo else 0.0
+    return runs_per_shape * sum(light_s + slope * (s.work_tokens - lo) for s in shapes)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return "under a second"
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -210,13 +262,19 @@ def match_gpu(device_name: str) -> str | None:
     return None
 
 
-def calibrate(opts: CalibrateOptions, *, on_shape: Callable[[int, int], None] | None = None) -> Calibration:
+def calibrate(opts: CalibrateOptions, *, on_shape: Callable[[int, int], None] | None = None,
+              on_estimate: Callable[[SweepEstimate], None] | None = None,
+              on_stage: Callable[[str], None] | None = None) -> Calibration:
     """Run the sweep and fit; returns the profile (not yet written). Bad options -> KvplanError.
 
-    ``on_shape(done, total)`` is called after each timed shape.
+    ``on_stage(message)`` is called once the options are valid, before the model is built;
+    ``on_estimate(estimate)`` once, before the sweep, with its predicted wall time (two shapes
+    are timed for it, so it is only computed when asked for); ``on_shape(done, total)`` after
+    each timed shape.
     """
     model = get_model(opts.model)
     device = resolve_device(opts.device)
+    quick = opts.quick if opts.quick is not None else device.type == "cpu"
     if opts.block_size < 1:
         raise KvplanError(f"--block-size must be positive, got {opts.block_size}")
     shape = rank_shape(model, tp=opts.tp, num_layers=opts.layers)
@@ -228,15 +286,19 @@ def calibrate(opts: CalibrateOptions, *, on_shape: Callable[[int, int], None] | 
         kv_name = resolve_kv_dtype(model, opts.kv_cache_dtype)
         kv = torch_dtype(kv_name, "--kv-cache-dtype")
     limits = SweepLimits(
-        max_num_seqs=opts.max_num_seqs or (16 if opts.quick else 256),
-        max_num_batched_tokens=opts.max_num_batched_tokens or (256 if opts.quick else 8192),
+        max_num_seqs=opts.max_num_seqs or (16 if quick else 256),
+        max_num_batched_tokens=opts.max_num_batched_tokens or (256 if quick else 8192),
         max_model_len=opts.max_model_len or model.max_position_embeddings)
-    shapes = sweep_shapes(limits, quick=opts.quick, block_size=opts.block_size, seed=opts.seed)
+    shapes = sweep_shapes(limits, quick=quick, block_size=opts.block_size, seed=opts.seed)
     block_bytes = 2 * shape.num_layers * opts.block_size * shape.num_kv_heads * shape.head_dim * kv.itemsize
     kept = _fitting_shapes(shapes, device, shape.num_q_heads, block_bytes,
                            _weight_bytes(model, opts, compute), opts.block_size)
     if len(kept) < 2 * len(FEATURES):
         raise KvplanError(f"only {len(kept)} sweep shapes fit this device's memory: try --layers or --tp")
+    if on_stage is not None:
+        on_stage(f"building {model.name} ({shape.num_layers} of {model.num_hidden_layers} layers, random "
+                 f"weights, {dtype_name}) on {device}; {'quick' if quick else 'full'} sweep")
+    load_before, start_s = sample_load(), time.perf_counter()
     max_len = max(s.max_len_tokens for s in kept) + 1
     runner = ModelRunner(model, num_blocks=max(s.num_blocks(opts.block_size) for s in kept),
                          block_size=opts.block_size, device=device, dtype=compute, kv_dtype=kv,
@@ -244,10 +306,12 @@ def calibrate(opts: CalibrateOptions, *, on_shape: Callable[[int, int], None] | 
                          max_num_batched_tokens=limits.max_num_batched_tokens, max_model_len=max_len,
                          num_layers=opts.layers, tp=opts.tp, seed=opts.seed)
     runner.prepare()
-    warmup, repeats = (1, 3) if opts.quick else (2, 5)
+    warmup, repeats = (1, 3) if quick else (2, 5)
     rows: list[tuple[float, ...]] = []
     measured: list[float] = []
     alloc = PagedAllocator(runner.num_blocks, opts.block_size)
+    if on_estimate is not None:
+        on_estimate(_estimate(kept, runner, alloc, warmup + repeats, start_s))
     for i, s in enumerate(kept):
         plan, seqs = build_plan(s, alloc, i)
         for _ in range(warmup):
@@ -259,8 +323,31 @@ def calibrate(opts: CalibrateOptions, *, on_shape: Callable[[int, int], None] | 
         if on_shape is not None:
             on_shape(i + 1, len(kept))
     host = host_overhead(limits, opts.block_size)
+    load = StageLoad("calibration", load_before, sample_load())
     profile = _profile(opts, model, device, dtype_name, kv_name, shape.num_layers, kept, rows, measured, host)
+    profile["fit"]["sweep_size"] = "quick" if quick else "full"
+    profile["fit"]["machine_load"] = load.as_dict()
+    profile["fit"]["wall_s"] = round(time.perf_counter() - start_s, 1)  # model build + sweep + fit
     return Calibration(profile, len(shapes) - len(kept))
+
+
+def _estimate(shapes: list[Shape], runner: ModelRunner, alloc: PagedAllocator, runs: int,
+              start_s: float) -> SweepEstimate:
+    """Time one run (after one warm-up) of the lightest and the heaviest shape; extrapolate."""
+    def one_run_s(shape: Shape) -> float:
+        plan, seqs = build_plan(shape, alloc)
+        runner.execute(plan)
+        start = time.perf_counter()
+        runner.execute(plan)  # synchronised: the wall time is the step's
+        elapsed = time.perf_counter() - start
+        for seq in seqs:
+            alloc.free(seq)
+        return elapsed
+
+    light = one_run_s(min(shapes, key=lambda s: s.work_tokens))
+    heavy = one_run_s(max(shapes, key=lambda s: s.work_tokens))
+    return SweepEstimate(time.perf_counter() - start_s, len(shapes), runs, light, heavy,
+                         estimate_sweep_s(shapes, light, heavy, runs))
 
 
 def default_out_path(profile: dict[str, Any]) -> Path:

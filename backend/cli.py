@@ -3,8 +3,12 @@
 ::
 
     kvplan calibrate --model Llama-3.1-8B --tp 1 [--device cuda|cpu] [--dtype bf16|fp16|fp32]
-                     [--layers k] [--block-size 16] [--kv-cache-dtype auto] [--quick]
+                     [--layers k] [--block-size 16] [--kv-cache-dtype auto] [--quick | --full]
                      [--out profiles/<gpu>-<model>.yaml] [--quiet]
+
+On a CPU the quick sweep is the default (``--full`` asks for the whole one); on a GPU the full
+sweep. Before the sweep it prints what it will take (two shapes timed, the sweep extrapolated),
+then shows a progress bar with the time remaining (on a terminal, not with ``--quiet``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,14 @@ import sys
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 # This module is loaded for every `kvplan` command (it adds its subcommands), so it must not import
@@ -36,7 +47,11 @@ def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
     p.add_argument("--layers", type=int, help="run only k of the L layers and scale their time by L/k")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     p.add_argument("--kv-cache-dtype", default="auto", help="auto (the compute dtype) or fp8 (default auto)")
-    p.add_argument("--quick", action="store_true", help="a small sweep (seconds on a CPU with model tiny)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", dest="quick", action="store_const", const=True,
+                      help="the small sweep (the default on a CPU: under a minute for llama-3.1-8b, --layers 1)")
+    size.add_argument("--full", dest="quick", action="store_const", const=False,
+                      help="the whole sweep (the default on a GPU; on a CPU, minutes per large prefill)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the sweep's contexts")
     p.add_argument("--out", help="profile path (default: profiles/<gpu>-<model>.yaml)")
     p.add_argument("--threads", type=int, help="torch threads on CPU (default 1: steady timings)")
@@ -56,17 +71,22 @@ def run_calibrate(args: argparse.Namespace) -> int:
     opts = CalibrateOptions(model=args.model, tp=args.tp, device=args.device, dtype=args.dtype,
                             layers=args.layers, block_size=args.block_size,
                             kv_cache_dtype=args.kv_cache_dtype, quick=args.quick, seed=args.seed)
-    show_bar = not args.quiet and sys.stderr.isatty()
-    if show_bar:
+    hooks: dict[str, Any] = {}
+    if not args.quiet:
+        hooks["on_stage"] = lambda msg: print(f"calibrate: {msg} ...", file=sys.stderr, flush=True)
+        hooks["on_estimate"] = lambda e: print(f"calibrate: {e.describe()}", file=sys.stderr, flush=True)
+    if not args.quiet and sys.stderr.isatty():
         with Progress(TextColumn("[bold]calibrate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("left"), TimeRemainingColumn(), console=Console(stderr=True),
                       transient=True) as progress:
             task = progress.add_task("shapes", total=None)
+
             def advance(done: int, total: int) -> None:
                 progress.update(task, completed=done, total=total)
 
-            result = calibrate(opts, on_shape=advance)
+            result = calibrate(opts, on_shape=advance, **hooks)
     else:
-        result = calibrate(opts)
+        result = calibrate(opts, **hooks)
     path = write_profile(result.profile, args.out or default_out_path(result.profile))
     if not args.quiet:
         _print_summary(result.profile, result.num_skipped_shapes, str(path))
@@ -79,12 +99,19 @@ def _print_summary(profile: dict[str, Any], num_skipped: int, path: str) -> None
           f"({profile['dtype']}, KV {profile['kv_cache_dtype']}, block {profile['block_size']}, "
           f"{layers['run']}/{layers['total']} layers run)")
     skipped = f"; {num_skipped} skipped: too big for this device's memory" if num_skipped else ""
-    print(f"  {fit['num_samples'] + fit['num_heldout']} shapes timed{skipped}")
+    load = fit.get("machine_load", {})
+    print(f"  {fit['num_samples'] + fit['num_heldout']} shapes timed ({fit.get('sweep_size', 'full')} sweep)"
+          f"{skipped} in {fit.get('wall_s', 0):.0f} s; load average {_load(load.get('load_1m_before'))} -> "
+          f"{_load(load.get('load_1m_after'))} on {load.get('num_cpus') or '?'} CPUs")
     print(f"  MAPE train {_percent(fit['mape_train'])} on {fit['num_samples']} shapes, "
           f"held-out {_percent(fit['mape_heldout'])} on {fit['num_heldout']}")
     coefs = ", ".join(f"{k}={v:.3g}" for k, v in profile["latency_model"]["coefficients_s"].items())
     print(f"  coefficients (s): {coefs}")
     print(f"wrote {path}")
+
+
+def _load(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.2f}"
 
 
 def _percent(value: float | None) -> str:
@@ -101,7 +128,8 @@ def add_fidelity_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
     p.add_argument("scenario", help="scenario YAML (e.g. scenarios/fidelity-cpu.yaml)")
     p.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda when available)")
     p.add_argument("--profile", help="use this latency profile instead of calibrating")
-    p.add_argument("--quick-calibrate", action="store_true", help="a small calibration sweep")
+    p.add_argument("--quick-calibrate", action="store_true",
+                   help="the small calibration sweep (already the default on a CPU)")
     p.add_argument("--repeats", type=int, default=2, help="real runs, for the measurement's own spread (default 2)")
     p.add_argument("--threads", type=int, help="torch threads on CPU (default 1: steady timings)")
     p.add_argument("--num-requests", type=int, help="use the first N requests")
@@ -142,10 +170,22 @@ def print_fidelity(report: dict[str, Any]) -> None:
         table.add_row(
             name, _num(m["measured"]), _num(m["simulated"]), "—" if err is None else f"{err:+.1%}",
             "—" if spread is None else f"{spread:.1%}",
-            "" if target is None else f"±{target['bound']:.0%} {'met' if target['met'] else 'MISSED'}",
+            "" if target is None else f"±{target['bound']:.0%} {_verdict(target)}",
         )
     console = Console() if sys.stdout.isatty() else Console(width=110)
     console.print(table)
+    for name, target in r["targets"].items():
+        if target.get("reason"):
+            console.print(f"{name}: {target.get('verdict', '')}: {target['reason']}")
+    machine = report.get("machine_load")
+    if machine is not None:
+        stages = ", ".join(f"{x['stage']} {_load(x['load_1m_before'])}->{_load(x['load_1m_after'])}"
+                           for x in machine["stages"])
+        cpus = next((x["num_cpus"] for x in machine["stages"] if x["num_cpus"]), None)
+        shift = machine["timing_shift"]
+        console.print(f"machine load average (1 min, {cpus or '?'} CPUs) before->after: "
+                      f"{stages or 'not measured'}"
+                      + ("" if shift is None else f"; timing shift it implies ~{shift:.0%}"))
     d, s, load = r["decisions"], r["steps"], r["load"]
     console.print(f"per-step latency: MAPE {s['mape']:.1%}, bias {s['bias']:+.1%} over {s['num_steps']} steps")
     console.print(f"load: peak KV {load['peak_kv_used']:.0%} of the pool, {load['num_preemptions']} preemptions")
@@ -154,6 +194,11 @@ def print_fidelity(report: dict[str, Any]) -> None:
                   f"({d['num_steps_real']} steps, {d['preemptions_real']} preemptions)")
     if report["skipped_allocators"]:
         console.print(f"skipped (the real engine serves paged KV only): {', '.join(report['skipped_allocators'])}")
+
+
+def _verdict(target: dict[str, Any]) -> str:
+    verdict = target.get("verdict") or ("met" if target["met"] else "missed")
+    return {"missed": "MISSED", "inconclusive": "inconclusive"}.get(verdict, verdict)
 
 
 def _num(v: float | None) -> str:

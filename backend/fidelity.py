@@ -12,6 +12,11 @@
     4. fidelity.json + fidelity.png: simulated vs measured throughput, TTFT, TPOT and E2E with
        their relative errors, and per-step predicted vs measured latency (MAPE)
 
+The machine's load average is read before and after every timed stage. A target is judged met
+or missed only when the measurement can tell: if the real runs' own spread, or the timing shift
+a load change between calibration and the real runs implies, exceeds the target's bound, the
+verdict is "inconclusive" with the reason (:func:`simulator.fidelity.judge_target`).
+
 The real engine serves paged KV only (its kernels read block tables); contiguous allocators in the
 scenario are skipped, and the report says so.
 """
@@ -28,13 +33,21 @@ import torch
 import yaml
 
 from backend.calibrate import CalibrateOptions, calibrate, resolve_device, write_profile
+from backend.machine_load import StageLoad, sample_load
 from backend.realtime import RealtimeResult, ReplayLatency, run_realtime
 from backend.runner import ModelRunner
 from simulator import metrics
 from simulator.deployment import Deployment, build_deployment
 from simulator.engine import SimResult, simulate
 from simulator.errors import KvplanError
-from simulator.fidelity import compare_decisions, metric_errors, metric_spread, step_errors
+from simulator.fidelity import (
+    compare_decisions,
+    judge_target,
+    metric_errors,
+    metric_spread,
+    step_errors,
+    timing_shift_from_load,
+)
 from simulator.fidelity_plots import write_fidelity_plot
 from simulator.kv.sizing import resolve_kv_dtype
 from simulator.latency.profile import (
@@ -46,7 +59,7 @@ from simulator.latency.profile import (
     read_profile,
 )
 from simulator.report import write_csv, write_json
-from simulator.run import load_requests
+from simulator.run import load_workload
 from simulator.scenario import load_scenario
 
 # the issue's targets: relative error bounds on a warm, otherwise idle machine
@@ -104,7 +117,8 @@ def _profile(opts: FidelityOptions, dep: Deployment, device: torch.device, out_d
         return profile
     result = calibrate(CalibrateOptions(
         model=dep.model.name, tp=dep.scenario.tensor_parallel, device=str(device),
-        block_size=cfg.block_size, kv_cache_dtype=dep.scenario.kv_cache_dtype, quick=opts.quick_calibrate,
+        block_size=cfg.block_size, kv_cache_dtype=dep.scenario.kv_cache_dtype,
+        quick=True if opts.quick_calibrate else None,  # None: quick on a CPU, full on a GPU
         seed=dep.scenario.seed, max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=cfg.max_model_len,
     ))
@@ -161,24 +175,37 @@ def run_fidelity(opts: FidelityOptions, *, on_stage=None) -> FidelityReport:  # 
     out_dir.mkdir(parents=True, exist_ok=True)
     stage = on_stage or (lambda _msg: None)
 
-    requests = load_requests(scenario, base)
+    window = dep.scheduler_config.max_model_len
+    workload = load_workload(scenario, base, window)  # the scenario's max_model_len_policy
+    requests = workload.requests
     runner = _runner(dep, device)
     factory = dep.replica_factory("paged", detail=True)
-    stage("calibrating" if not opts.profile else "reading the profile")
-    profile = _profile(opts, dep, device, out_dir)
-    if not opts.profile:
+    loads: list[StageLoad] = []
+
+    def timed(name: str, run):  # type: ignore[no-untyped-def]
+        stage(f"{name} (load average {_load_text()})")
+        before = sample_load()
+        out = run()
+        loads.append(StageLoad(name, before, sample_load()))
+        return out
+
+    if opts.profile:
+        stage("reading the profile")
+        profile = _profile(opts, dep, device, out_dir)
+    else:
+        profile = timed("calibration", lambda: _profile(opts, dep, device, out_dir))
         train_scenario, train_base = load_scenario(opts.scenario, _training_overrides(opts, scenario, requests))
-        train_requests = load_requests(train_scenario, train_base)
+        train_requests = load_workload(train_scenario, train_base, window).requests
         if train_requests:
-            stage("training run (requests after the evaluated ones)")
-            _refit_on_run(Path(profile.path), run_realtime(train_requests, factory, runner))
+            train = timed("training run", lambda: run_realtime(train_requests, factory, runner))
+            _refit_on_run(Path(profile.path), train)
             profile = read_profile(profile.path)
     latency = ProfileLatency(profile, block_size=dep.scheduler_config.block_size)
 
     reals: list[RealtimeResult] = []
     for i in range(opts.repeats):
-        stage(f"real run {i + 1}/{opts.repeats}")
-        reals.append(run_realtime(requests, factory, runner))
+        reals.append(timed(f"real run {i + 1}/{opts.repeats}",
+                           lambda: run_realtime(requests, factory, runner)))
     real = reals[0]
     real_frames = [(metrics.requests_frame(r), metrics.steps_frame(r)) for r in reals]
     real_summaries = [metrics.summarize(r, q, s, dep.capacity_tokens) for r, (q, s) in zip(reals, real_frames)]
@@ -195,6 +222,11 @@ def run_fidelity(opts: FidelityOptions, *, on_stage=None) -> FidelityReport:  # 
     predicted = [float(np.dot(coef, s.features)) for s in real.samples]
     measured = [s.measured_s for s in real.samples]
     errors = metric_errors(real_summaries[0], sim_summary)
+    spread = metric_spread(real_summaries)
+    machine = _machine_load(loads)
+    verdicts = {name: judge_target(errors[name]["relative_error"], bound, spread=spread.get(name),
+                                   load_shift=machine["timing_shift"])
+                for name, bound in TARGETS.items()}
     kv = real_summaries[0]["kv"]
     report = {
         "scenario": scenario.name,
@@ -203,13 +235,15 @@ def run_fidelity(opts: FidelityOptions, *, on_stage=None) -> FidelityReport:  # 
         "profile": profile.path,
         "repeats": opts.repeats,
         "skipped_allocators": [a for a in scenario.allocators if a != "paged"],
+        "max_model_len_policy": workload.as_dict(),
+        "machine_load": machine,
         "allocators": {"paged": {
             "metrics": errors,
-            "measurement_spread": metric_spread(real_summaries),
+            "measurement_spread": spread,
             "steps": step_errors(predicted, measured),
             "targets": {name: {"bound": bound, "error": errors[name]["relative_error"],
-                               "met": errors[name]["relative_error"] is not None
-                               and abs(errors[name]["relative_error"]) <= bound}
+                               "met": verdicts[name].met, "verdict": verdicts[name].verdict,
+                               "reason": verdicts[name].reason}
                         for name, bound in TARGETS.items()},
             "load": {"peak_kv_used": (decisions.peak_kv_tokens_real / dep.capacity_tokens),
                      "mean_kv_token_state": kv["token_state"],
@@ -225,3 +259,20 @@ def run_fidelity(opts: FidelityOptions, *, on_stage=None) -> FidelityReport:  # 
     write_fidelity_plot(out_dir / "fidelity.png", report["allocators"]["paged"], predicted, measured,
                         title=f"{scenario.name}: {dep.model.name} on {profile.device}")
     return FidelityReport(out_dir, report, real, sim, predicted)
+
+
+def _load_text() -> str:
+    now = sample_load()
+    return "unknown" if now is None else f"{now.load_1m:.2f} on {now.num_cpus} CPUs"
+
+
+def _machine_load(loads: list[StageLoad]) -> dict[str, Any]:
+    """Every stage's load, and the timing shift a load change between the stages the profile was
+    fitted on (calibration, training run) and the measured runs implies."""
+    peaks = [(x.stage.startswith("real run"), x.peak_per_cpu) for x in loads if x.peak_per_cpu is not None]
+    fitted = [peak for is_real, peak in peaks if not is_real]
+    real = [peak for is_real, peak in peaks if is_real]
+    fitted_peak, real_peak = (max(fitted) if fitted else None), (max(real) if real else None)
+    return {"stages": [x.as_dict() for x in loads],
+            "fitted_per_cpu": fitted_peak, "real_runs_per_cpu": real_peak,
+            "timing_shift": timing_shift_from_load(fitted_peak, real_peak)}

@@ -128,3 +128,51 @@ def step_errors(predicted_s: Sequence[float], measured_s: Sequence[float]) -> di
     rel = (p - m) / m
     return {"mape": float(np.mean(np.abs(rel))), "bias": float(np.mean(rel)),
             "p90_abs_error": float(np.percentile(np.abs(rel), 90)), "num_steps": int(len(m))}
+
+
+# ---------------------------------------------------------------------- verdicts
+def timing_shift_from_load(reference_per_cpu: float | None, measured_per_cpu: float | None) -> float | None:
+    """Roughly how much a change of machine load alone moves a single-threaded timing.
+
+    With ``L`` runnable processes per CPU, a busy thread gets about ``1 / max(1, L)`` of a CPU, so
+    its steps take ``max(1, L)`` times as long. Between a stage at load ``a`` per CPU (the one the
+    profile was fitted on) and one at ``b`` (the measured runs) the timings shift by about
+    ``max(1, b) / max(1, a) − 1``; returned as a magnitude. An idle-enough machine (both ≤ 1
+    per CPU) gives 0. None when either reading is unknown.
+    """
+    if reference_per_cpu is None or measured_per_cpu is None:
+        return None
+    return abs(max(1.0, measured_per_cpu) / max(1.0, reference_per_cpu) - 1.0)
+
+
+@dataclass(frozen=True)
+class TargetVerdict:
+    """met | missed | inconclusive (the measurement's own noise exceeds the bound) | n/a."""
+
+    verdict: str
+    reason: str  # one line, "" when met or missed with nothing to add
+
+    @property
+    def met(self) -> bool | None:
+        """True or False only for a conclusive verdict."""
+        return {"met": True, "missed": False}.get(self.verdict)
+
+
+def judge_target(error: float | None, bound: float, *, spread: float | None,
+                 load_shift: float | None) -> TargetVerdict:
+    """Whether ``|error| <= bound`` can be claimed at all, and then whether it holds.
+
+    A relative error smaller than the measurement's own run-to-run ``spread`` means nothing, and
+    neither does one made when the load changed between calibration and measurement by more
+    than the bound (``load_shift``, :func:`timing_shift_from_load`): then the verdict is
+    ``inconclusive`` with the reason, never met or missed.
+    """
+    if error is None:
+        return TargetVerdict("n/a", "no measured value to compare with")
+    if spread is not None and spread > bound:
+        return TargetVerdict("inconclusive", f"run-to-run spread {spread:.0%} > target {bound:.0%}")
+    if load_shift is not None and load_shift > bound:
+        return TargetVerdict("inconclusive",
+                             f"machine load changed timings by ~{load_shift:.0%} > target {bound:.0%}")
+    note = "run-to-run spread unknown (one real run)" if spread is None else ""
+    return TargetVerdict("met" if abs(error) <= bound else "missed", note)

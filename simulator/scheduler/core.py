@@ -83,8 +83,9 @@ class Scheduler:
         self.num_swaps = 0
         self.num_finished = 0
         self.num_rejected = 0
-        self.prefix_hit_tokens = 0
+        self.prefix_hit_tokens = 0  # first admissions only (see _count_prefix_hits)
         self.prefix_query_tokens = 0
+        self.readmission_hit_tokens = 0
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: Request) -> Group:
@@ -225,10 +226,7 @@ class Scheduler:
             g.num_computed = cached
             g.admit_order = self._next_admit
             self._next_admit += 1
-            g.prefix_hit_tokens += cached
-            g.prefix_query_tokens += target if g.block_hashes else 0
-            self.prefix_hit_tokens += cached
-            self.prefix_query_tokens += target if g.block_hashes else 0
+            self._count_prefix_hits(g, target, cached)
             self.running[g.request_id] = g
             self.prefilling[g.request_id] = g
             self._prefill_owner[seq] = g
@@ -238,6 +236,22 @@ class Scheduler:
             chunks.append(self._chunk(g, n))
             budget -= n
         return budget
+
+    def _count_prefix_hits(self, g: Group, target: int, cached: int) -> None:
+        """Prefix-cache accounting of one admission. The hit rate is a property of the workload
+        (how much prompt it shares), so only the first admission counts toward it; a re-admitted
+        request mostly finds its own blocks, freed at preemption and not yet evicted, and those
+        hits are kept apart in ``readmission_hit_tokens``."""
+        g.num_admissions += 1
+        if g.num_admissions > 1:
+            g.readmission_hit_tokens += cached
+            self.readmission_hit_tokens += cached
+            return
+        assert target == g.request.prompt_tokens, "a first admission prefills the prompt"
+        query = target if g.block_hashes else 0
+        g.prefix_hit_tokens, g.prefix_query_tokens = cached, query
+        self.prefix_hit_tokens += cached
+        self.prefix_query_tokens += query
 
     def _swap_in(self, d: int) -> None:
         cfg, alloc = self.config, self.alloc

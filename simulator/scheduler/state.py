@@ -47,8 +47,11 @@ class Group:
     # what the report needs
     num_preemptions: int = 0
     num_swaps: int = 0
+    num_admissions: int = 0  # from the waiting queue: 1 + re-admissions after preemption or restart
+    # prefix cache at the first admission only: prompt tokens found cached / looked up
     prefix_hit_tokens: int = 0
     prefix_query_tokens: int = 0
+    readmission_hit_tokens: int = 0  # cached tokens found by later admissions (often its own blocks)
     first_token_emitted: bool = False
     blocked_by_external_fragmentation: bool = False
     reject_reason: str = ""

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from backend.calibrate import SweepLimits, build_plan, match_gpu, sweep_shapes
+from backend.calibrate import Shape, SweepLimits, build_plan, estimate_sweep_s, match_gpu, sweep_shapes
 from backend.cli import add_calibrate_parser
 from simulator.errors import KvplanError
 from simulator.kv.models import get_model
@@ -37,9 +37,14 @@ def decode_plan(num_seqs: int, context: int) -> StepPlan:
 def test_quick_cpu_calibration_writes_a_profile_the_simulator_uses(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "profiles" / "cpu-tiny.yaml"
-    assert run_cli("--model", "tiny", "--quick", "--device", "cpu", "--out", str(out)) == 0
-    printed = capsys.readouterr().out
-    assert "MAPE train" in printed and f"wrote {out}" in printed
+    assert run_cli("--model", "tiny", "--device", "cpu", "--out", str(out)) == 0  # quick: the CPU default
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert "MAPE train" in printed and f"wrote {out}" in printed and "(quick sweep)" in printed
+    assert "load average" in printed
+    # the estimate comes first, on stderr: the sweep's size and its predicted time
+    assert "calibrate: building tiny (2 of 2 layers" in captured.err
+    assert "sweep of 26 shapes × 4 runs: about" in captured.err
 
     profile = read_profile(out)
     tiny = get_model("tiny")
@@ -51,7 +56,10 @@ def test_quick_cpu_calibration_writes_a_profile_the_simulator_uses(
     raw = profile.raw
     assert set(raw["versions"]) == {"kvplan", "torch", "triton", "python"} and raw["created"].endswith("Z")
     fit, sweep = raw["fit"], raw["sweep"]
-    assert fit["num_samples"] + fit["num_heldout"] == len(sweep)
+    assert fit["num_samples"] + fit["num_heldout"] == len(sweep) == 26
+    assert fit["num_samples"] >= 2 * len(FEATURES) and fit["num_heldout"] >= 6
+    assert fit["sweep_size"] == "quick" and fit["wall_s"] > 0
+    assert set(fit["machine_load"]) == {"stage", "load_1m_before", "load_1m_after", "num_cpus"}
     assert [s["heldout"] for s in sweep] == [i % 4 == 3 for i in range(len(sweep))]
     assert all(s["measured_s"] > 0 for s in sweep)
     assert {s["kind"] for s in sweep} == {"decode", "prefill", "mixed", "copy", "swap"}
@@ -66,7 +74,7 @@ def test_quiet_layers_run_prints_nothing_and_records_the_layers(tmp_path: Path,
     out = tmp_path / "p.yaml"
     argv = ["--model", "tiny", "--quick", "--device", "cpu", "--layers", "1", "--quiet", "--out", str(out)]
     assert run_cli(*argv) == 0
-    assert capsys.readouterr().out == ""
+    assert capsys.readouterr() == ("", "")  # no estimate, no bar, no summary
     assert read_profile(out).raw["layers"] == {"run": 1, "total": 2}
 
 
@@ -128,3 +136,32 @@ def test_sweep_shapes_fit_the_limits_and_build_consistent_plans(quick: bool) -> 
             alloc.free(seq)
         alloc.check_invariants()
         assert alloc.num_free_blocks() == alloc.num_blocks
+
+
+def test_full_and_quick_are_exclusive_and_default_to_the_device() -> None:
+    parser = argparse.ArgumentParser(prog="kvplan")
+    add_calibrate_parser(parser.add_subparsers(dest="command", required=True))
+    assert parser.parse_args(["calibrate", "--model", "tiny"]).quick is None  # the device decides
+    assert parser.parse_args(["calibrate", "--model", "tiny", "--full"]).quick is False
+    assert parser.parse_args(["calibrate", "--model", "tiny", "--quick"]).quick is True
+    with pytest.raises(SystemExit):
+        parser.parse_args(["calibrate", "--model", "tiny", "--quick", "--full"])
+
+
+def test_estimate_interpolates_run_time_in_work_tokens() -> None:
+    """Two shapes timed at 1 and 257 work tokens (0.1 s and 0.9 s a run) bound a line; a shape at
+    129 tokens costs the midpoint. Four runs per shape."""
+    light, mid, heavy = Shape("decode", "one", (10,)), Shape("prefill", "mid", chunk_tokens=129), \
+        Shape("prefill", "big", chunk_tokens=257)
+    assert (light.work_tokens, mid.work_tokens, heavy.work_tokens) == (1, 129, 257)
+    assert estimate_sweep_s([light, mid, heavy], 0.1, 0.9, 4) == pytest.approx(4 * (0.1 + 0.5 + 0.9))
+    assert estimate_sweep_s([light, light], 0.2, 0.2, 3) == pytest.approx(1.2)  # one size: no slope
+    assert estimate_sweep_s([], 0.2, 0.4, 3) == 0.0
+
+
+def test_quick_sweep_has_room_for_a_fit_and_a_held_out_set() -> None:
+    limits = SweepLimits(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=131072)
+    shapes = sweep_shapes(limits, quick=True, block_size=16)
+    assert len(shapes) == 26
+    assert {s.kind for s in shapes} == {"decode", "prefill", "mixed", "copy", "swap"}
+    assert max(s.work_tokens for s in shapes) <= 256  # no 8k-token prefill on a CPU by default

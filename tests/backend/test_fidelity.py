@@ -39,6 +39,13 @@ def test_short_cpu_replay_makes_identical_decisions(tmp_path):
     # every request of both runs is accounted for
     assert sum(g.status.value in ("finished", "rejected") for g in result.real.groups) == 16
     assert paged["measurement_spread"]["throughput_tok_s"] is not None
+    # the load of every timed stage is recorded, and each target has a verdict with its reason
+    stages = [s["stage"] for s in report["machine_load"]["stages"]]
+    assert stages == ["calibration", "training run", "real run 1/2", "real run 2/2"]
+    for target in paged["targets"].values():
+        assert target["verdict"] in ("met", "missed", "inconclusive", "n/a")
+        assert (target["verdict"] == "inconclusive") == (target["met"] is None) or target["verdict"] == "n/a"
+    assert report["max_model_len_policy"]["policy"] == "reject"
 
 
 def test_contiguous_only_scenario_is_refused(tmp_path):
