@@ -13,6 +13,7 @@ from importlib.metadata import entry_points
 
 from simulator import size_cmd
 from simulator.capacity import cmd as capacity_cmd
+from simulator.validate import cmd as validate_cmd
 from simulator.errors import KvplanError
 from simulator.run import run_simulate, scenario_overrides
 
@@ -83,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_simulate(sub)
     size_cmd.add_parser(sub)
     capacity_cmd.add_parser(sub)
+    validate_cmd.add_parser(sub)
     _add_plugins(sub)
     return parser
 

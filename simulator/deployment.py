@@ -74,6 +74,9 @@ class Deployment:
             "available_kv_gib": cap.available_kv_bytes / GIB,
             "kv_pool_gib": self.num_blocks * cap.block_bytes / GIB,
             "weight_gib_per_rank": cap.weight_bytes / GIB,
+            "quantization": cap.weight_format.quantization,
+            "weight_dtype": cap.weight_format.weight_dtype,
+            "gemm_dtype": cap.weight_format.gemm_dtype,
             "activation_gib_per_rank": cap.activation_bytes / GIB,
             "max_model_len": self.scheduler_config.max_model_len,
             "max_concurrency_at_max_model_len": self.capacity_tokens / self.scheduler_config.max_model_len,
@@ -100,6 +103,7 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
         batched = max(8192, max_seqs) if scenario.enable_chunked_prefill else max(max_model_len, max_seqs)
     cap = kv_capacity(
         model, gpu, tp=scenario.tensor_parallel, kv_cache_dtype=scenario.kv_cache_dtype,
+        quantization=scenario.quantization,
         block_size=scenario.block_size, gpu_memory_utilization=scenario.gpu_memory_utilization,
         max_num_batched_tokens=batched, max_num_seqs=max_seqs, max_model_len=max_model_len,
     )
@@ -139,6 +143,10 @@ def _latency_model(scenario: Scenario, base_dir: Path, model: ModelConfig, gpu: 
         return ProfileLatency(profile, block_size=scenario.block_size)
     return RooflineLatency(
         model, gpu, tp=scenario.tensor_parallel, kv_cache_dtype=scenario.kv_cache_dtype,
+        quantization=cap.weight_format,  # the one sizing resolved: same bytes, same GEMM dtype
         block_size=scenario.block_size, mem_efficiency=spec.mem_efficiency,
-        flops_efficiency=spec.flops_efficiency, step_overhead_s=spec.step_overhead_s,
+        flops_efficiency=spec.flops_efficiency, fp8_flops_efficiency=spec.fp8_flops_efficiency,
+        moe_flops_efficiency=spec.moe_flops_efficiency,
+        step_overhead_s=spec.step_overhead_s, prefill_overhead_s=spec.prefill_overhead_s,
+        allreduce_latency_s=spec.allreduce_latency_s, request_overhead_s=spec.request_overhead_s,
     )

@@ -114,6 +114,9 @@ class SimResult:
     # keyword-only: subclasses (the real-time engine's result) keep their positional fields
     offered: Sequence[Request] | None = field(default=None, kw_only=True)
     clients: Clients = field(default=OPEN_LOOP, kw_only=True)
+    # the serving front end's per-request delay outside the steps (the latency model's
+    # ``request_overhead_s``): part of the TTFT and E2E a client sees (simulator.metrics)
+    request_overhead_s: float = field(default=0.0, kw_only=True)
 
 
 def simulate(
@@ -274,4 +277,5 @@ def simulate(
     if unaccounted:
         raise RuntimeError(f"{len(unaccounted)} requests neither finished nor rejected: {unaccounted[:5]}")
     return SimResult(sent, groups, times, steps, last_end_s[0], replicas,  # type: ignore[arg-type]
-                     offered=requests if gated else None, clients=clients)
+                     offered=requests if gated else None, clients=clients,
+                     request_overhead_s=float(getattr(latency, "request_overhead_s", 0.0)))

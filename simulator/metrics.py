@@ -39,12 +39,16 @@ KV_PARTS = ("token_state", "reserved", "internal_fragmentation", "external_fragm
 
 
 def requests_frame(result: SimResult) -> pd.DataFrame:
+    """One row per request (REQUEST_COLUMNS). TTFT and E2E are what the client sees: the engine's
+    times plus the latency model's per-request front-end overhead (``result.request_overhead_s``;
+    TPOT, a difference of the two, is unchanged)."""
     rows = []
     nan = math.nan
+    front = result.request_overhead_s
     for r, g, t in zip(result.requests, result.groups, result.times):
         done = g.status is Status.FINISHED
-        ttft = t.first_token_s - r.arrival_s if done else nan
-        e2e = t.finished_s - r.arrival_s if done else nan
+        ttft = t.first_token_s - r.arrival_s + front if done else nan
+        e2e = t.finished_s - r.arrival_s + front if done else nan
         tpot = (e2e - ttft) / (r.output_tokens - 1) if done and r.output_tokens > 1 else nan
         queue = t.admitted_s - r.arrival_s if t.admitted_s >= 0 else nan
         rows.append((

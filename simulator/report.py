@@ -12,20 +12,20 @@ from rich.console import Console
 from rich.table import Table
 
 
-def _clean(value: Any) -> Any:
+def clean_json(value: Any) -> Any:
     """JSON has no NaN/inf: write null instead."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: clean_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [clean_json(v) for v in value]
     return value
 
 
 def write_json(path: Path, data: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(_clean(data), indent=2) + "\n")
+    tmp.write_text(json.dumps(clean_json(data), indent=2) + "\n")
     tmp.replace(path)
 
 
@@ -83,4 +83,16 @@ def print_summary(console: Console, summary: dict[str, dict[str, Any]], deployme
         console.print(f"rejected at arrival ({alloc}): "
                       + ", ".join(f"{n:,} {why}" for why, n in reasons.items())
                       + " — reject_reason in requests.csv says why")
+    policy = next(iter(summary.values()), {}).get("max_model_len_policy")
+    if policy is not None:
+        console.print(max_model_len_line(policy))
     console.print(f"results in {out_dir}/")
+
+
+def max_model_len_line(policy: dict[str, Any]) -> str:
+    """Which ``max_model_len_policy`` applied and how many requests it touched (one line)."""
+    head = f"max_model_len {policy['max_model_len']:,}, policy {policy['policy']}: "
+    if policy["policy"] == "reject":
+        return head + f"{policy['num_rejected']:,} requests over the window refused (vLLM's server: 400)"
+    return head + (f"{policy['num_truncated']:,} outputs cut at the window, {policy['num_dropped']:,}"
+                   " requests dropped (prompt alone fills it)")

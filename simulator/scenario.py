@@ -11,7 +11,9 @@
     gpu_memory_utilization: 0.9
     block_size: 16
     max_model_len: 8192
+    max_model_len_policy: reject   # or truncate: cut the output at the window
     kv_cache_dtype: auto
+    quantization: auto             # vLLM's --quantization: auto (the checkpoint's), none, fp8, awq...
     max_num_seqs: 256
     max_num_batched_tokens: 8192
     enable_chunked_prefill: true
@@ -33,6 +35,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simulator.errors import KvplanError, did_you_mean
+from simulator.kv.quantization import canonical_quantization
 from simulator.yamlfile import read_yaml
 from workloads.spec import WorkloadSpec, format_validation_error
 
@@ -56,9 +59,16 @@ class _Spec(BaseModel):
 class LatencySpec(_Spec):
     model: Literal["roofline", "profile", "constant"] = "roofline"
     profile: str | None = None  # profile file (relative to the scenario file)
-    mem_efficiency: Annotated[float, Field(gt=0, le=1)] = 0.8
-    flops_efficiency: Annotated[float, Field(gt=0, le=1)] = 0.6
-    step_overhead_s: Annotated[float, Field(ge=0, le=10)] = 0.003
+    # roofline constants; None = the defaults fitted to published measurements for the GPU
+    # (simulator/latency/constants.py, `kvplan validate`)
+    mem_efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
+    flops_efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
+    fp8_flops_efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
+    moe_flops_efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
+    step_overhead_s: Annotated[float, Field(ge=0, le=10)] | None = None
+    prefill_overhead_s: Annotated[float, Field(ge=0, le=10)] | None = None
+    allreduce_latency_s: Annotated[float, Field(ge=0, le=1)] | None = None
+    request_overhead_s: Annotated[float, Field(ge=0, le=10)] | None = None
     step_s: Annotated[float, Field(gt=0, le=100)] | None = None  # constant model
 
     @model_validator(mode="after")
@@ -89,7 +99,12 @@ class Scenario(_Spec):
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
     block_size: Annotated[int, Field(ge=1, le=4096)] = 16
     max_model_len: Annotated[int, Field(ge=2, le=10_000_000)] | None = None
+    # a request longer than the window: refused at arrival as a vLLM server does (reject), or cut
+    # to fit (truncate); see workloads.synthetic.fit_to_max_model_len
+    max_model_len_policy: Literal["reject", "truncate"] = "reject"
     kv_cache_dtype: str = "auto"
+    # vLLM's --quantization names (simulator/kv/quantization.py); auto = the checkpoint's
+    quantization: str = "auto"
     max_num_seqs: Annotated[int, Field(ge=1, le=65536)] = 256
     max_num_batched_tokens: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
     enable_chunked_prefill: bool = True
@@ -103,6 +118,15 @@ class Scenario(_Spec):
     slo: SLOSpec | None = None
     # knob -> values, read by `kvplan capacity`; `simulate` runs the scenario as written
     sweep: dict[str, list[Any]] | None = None
+
+    @field_validator("quantization")
+    @classmethod
+    def _quantization(cls, value: str) -> str:
+        try:
+            canonical_quantization(value)
+        except KvplanError as err:
+            raise ValueError(str(err)) from None
+        return value.strip().lower()
 
     @field_validator("allocators", mode="before")
     @classmethod

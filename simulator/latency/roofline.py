@@ -2,25 +2,34 @@
 
 Per tensor-parallel rank, for a step with T = prefill tokens + decode sequences::
 
-    time = max(bytes_moved / (HBM_BW × mem_efficiency), flops / (peak × flops_efficiency))
-         + all_reduce + swap + copy-on-write + step_overhead_s
+    time = max(bytes_moved / (HBM_BW × mem_efficiency),
+               gemm_flops / (gemm_peak × gemm_efficiency) + expert_flops / (gemm_peak × moe_flops_efficiency)
+               + attention_flops / (peak16 × flops_efficiency))
+         + all_reduce + swap + copy-on-write + step_overhead_s (+ prefill_overhead_s if a prefill runs)
 
-    bytes_moved = weights read                        (dense part + lm_head) × w / TP
-                                                      + MoE: experts touched × expert × w / TP
-                + KV read     Σ context tokens × β    (prefill chunks' contexts + decode contexts)
-                + KV written  T × β
-    flops       = 2 × (active params − embedding − lm_head) / TP × T
-                + 2 × lm_head / TP × sequences sampled this step
-                + 2 × pairs × H_q/TP × (d_qk + d_v) × L      prefill (causal (query, key) pairs)
-                + 2 × Σ decode context × H_q/TP × (d_qk + d_v) × L                      decode
-    all_reduce  = 2 per layer × (2(TP−1)/TP × T × hidden × a / interconnect_BW + latency)
-    swap        = swapped blocks × block_size × β / PCIe_BW
-    copy        = copied blocks × 2 × block_size × β / (HBM_BW × mem_efficiency)
+    bytes_moved     = weights read                    (dense part + lm_head) / TP, in their stored width
+                                                      + MoE: experts touched × expert bytes / TP
+                    + KV read     Σ context tokens × β (prefill chunks' contexts + decode contexts)
+                    + KV written  T × β
+    gemm_flops      = 2 × (dense body params: attention projections, dense MLPs, shared experts) / TP × T
+                    + 2 × lm_head / TP × sequences sampled this step
+    expert_flops    = 2 × k routed experts × expert params × MoE layers / TP × T
+    attention_flops = 2 × pairs × H_q/TP × (d_qk + d_v) × L      prefill (causal (query, key) pairs)
+                    + 2 × Σ decode context × H_q/TP × (d_qk + d_v) × L                      decode
+    all_reduce      = 2 per layer × (2(TP−1)/TP × T × hidden × a / interconnect_BW + allreduce_latency_s)
+    swap            = swapped blocks × block_size × β / PCIe_BW
+    copy            = copied blocks × 2 × block_size × β / (HBM_BW × mem_efficiency)
 
-β is the per-rank KV bytes per token, w the weight bytes per parameter, a the activation bytes
-(16-bit, or 4 for fp32 models). With d_qk = d_v = d_h the attention terms are the familiar
-4 × pairs × H × d_h × L. MLA prefill uses d_qk = qk_nope + qk_rope, d_v = v_head_dim; MLA decode
-runs in the latent space (weights absorbed), so d_qk = kv_lora_rank + qk_rope, d_v = kv_lora_rank.
+β is the per-rank KV bytes per token, a the activation bytes (16-bit, or 4 for fp32 models).
+With d_qk = d_v = d_h the attention terms are the familiar 4 × pairs × H × d_h × L. MLA prefill
+uses d_qk = qk_nope + qk_rope, d_v = v_head_dim; MLA decode runs in the latent space (weights
+absorbed), so d_qk = kv_lora_rank + qk_rope, d_v = kv_lora_rank.
+
+The constants (:class:`~simulator.latency.constants.RooflineConstants`: ``mem_efficiency``,
+``flops_efficiency``, ``fp8_flops_efficiency``, ``moe_flops_efficiency``, ``step_overhead_s``,
+``prefill_overhead_s``,
+``allreduce_latency_s``) default to the values fitted to published GPU measurements
+(``kvplan validate``; :mod:`simulator.latency.constants` says how); a scenario may override each.
 
 Choices the formula makes, and why:
 
@@ -29,39 +38,91 @@ Choices the formula makes, and why:
   for the sequences that sample a token this step, as vLLM does.
 * An MoE layer reads only the experts its tokens route to; with uniform routing of k of E
   experts per token, T tokens touch E·(1 − (1 − k/E)^T) distinct experts on average.
-* Peak FLOP/s follows the weight dtype: fp8 weights use the fp8 tensor cores where the GPU has
-  them; fp32 runs TF32 at half the bf16 rate; int8/int4 weight-only formats compute in bf16.
-* What is not modelled: kernel launch gaps beyond ``step_overhead_s``, activation traffic,
-  split-K effects of one very long sequence, and compute/communication overlap. The calibrated
-  ``profile`` model captures those from measurements.
+* The GEMMs run on the tensor cores of the weight format's compute dtype
+  (:mod:`simulator.kv.quantization`): FP8/INT8 W8A8 on the 8-bit peak with their own, lower,
+  achieved share (``fp8_flops_efficiency``; published FP8 serving reaches ~0.45–0.5 of the FP8
+  peak where bf16 reaches ~0.65 of its own); weight-only formats and attention on the 16-bit
+  peak; fp32 runs TF32 at half the bf16 rate.
+* Routed-expert GEMMs run at their own achieved share (``moe_flops_efficiency``): grouped GEMMs
+  over a few rows per expert reach much less than a dense GEMM of the same FLOPs.
+* GEMMs and attention are separate kernels, so their compute times add; the step is bound by
+  memory or by compute, whichever is slower.
+* An all-reduce costs its bytes over the link plus a fixed latency per call (launch, the
+  synchronisation of the ranks); at decode the latency dominates: 2 × L calls per step.
+* A request also waits outside the steps (``request_overhead_s``: the serving front end's
+  HTTP, tokenisation, detokenisation and streaming); it is added to the TTFT and E2E a client
+  sees, not to any step. Closed-loop clients still send at the engine's finish, so a loop's load
+  is overstated by that delay per request (about 1% at the fitted value).
+* What is not modelled: activation traffic, split-K effects of one very long sequence, and
+  compute/communication overlap. The calibrated ``profile`` model captures those from
+  measurements.
 
 An empty plan (nothing to compute and nothing to copy) costs 0.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from simulator.errors import KvplanError
 from simulator.kv.gpus import GPUSpec
-from simulator.kv.models import ModelConfig, canonical_dtype, dtype_bits
+from simulator.kv.models import ModelConfig, dtype_bits
+from simulator.kv.quantization import WeightFormat, resolve_quantization
 from simulator.kv.sizing import model_kv_layout
+from simulator.latency.constants import RooflineConstants, default_constants, fit_provenance
 from simulator.plan import StepPlan
 
 
-@dataclass(frozen=True, slots=True)
-class StepCost:
-    """One step's roofline terms on one rank (bytes, FLOPs, and the seconds they cost)."""
+class StepTerms(NamedTuple):
+    """What one step moves and computes on one rank, before any constant turns it into time.
+
+    Independent of the :class:`RooflineConstants`, so a fit can time the same steps under many
+    constants (:func:`combine` accepts numpy arrays of terms).
+    """
 
     weight_bytes: float
     kv_read_bytes: float
     kv_write_bytes: float
-    flops: float
+    gemm_flops: float
+    expert_flops: float  # routed-expert GEMMs (MoE)
+    attention_flops: float
+    allreduce_calls: float  # all-reduce calls this step (2 per layer at TP > 1, else 0)
+    allreduce_bytes: float  # bytes each call moves over the link (ring)
+    prefill: float  # 1.0 if a prefill chunk runs this step, else 0.0
+    copy_bytes: float  # on-device block copies (copy-on-write), read + write
+    swap_bytes: float  # host-link block copies (swap in and out)
+
+
+class Rates(NamedTuple):
+    """The hardware peaks a step's terms are divided by (datasheet numbers, per rank)."""
+
+    hbm_bytes_s: float
+    gemm_flops_s: float  # peak of the GEMMs' tensor cores (the weight format's compute dtype)
+    attention_flops_s: float  # 16-bit peak (attention runs in the activation dtype)
+    interconnect_bytes_s: float
+    pcie_bytes_s: float
+    gemm_8bit: bool  # the GEMMs run on 8-bit tensor cores: fp8_flops_efficiency applies
+
+
+class StepCost(NamedTuple):
+    """One step's terms on one rank, and the seconds they cost under given constants."""
+
+    weight_bytes: float
+    kv_read_bytes: float
+    kv_write_bytes: float
+    gemm_flops: float
+    expert_flops: float
+    attention_flops: float
     memory_s: float
     compute_s: float
     allreduce_s: float
     transfer_s: float  # swap (PCIe) and copy-on-write (HBM) block copies
-    overhead_s: float
+    overhead_s: float  # per-step overhead, plus the prefill overhead when a prefill runs
+
+    @property
+    def flops(self) -> float:
+        return self.gemm_flops + self.expert_flops + self.attention_flops
 
     @property
     def bytes_moved(self) -> float:
@@ -77,48 +138,78 @@ class StepCost:
         return self.compute_s > self.memory_s
 
 
-_ZERO = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+def combine(t: Any, rates: Rates, c: RooflineConstants,
+            maximum: Callable[[Any, Any], Any] = max) -> Any:
+    """Seconds of steps with terms ``t`` (a :class:`StepTerms` of floats, or of numpy arrays
+    with ``maximum=np.maximum``): the module docstring's formula, the one place it is written."""
+    gemm_eff = c.fp8_flops_efficiency if rates.gemm_8bit else c.flops_efficiency
+    hbm = rates.hbm_bytes_s * c.mem_efficiency
+    memory_s = (t.weight_bytes + t.kv_read_bytes + t.kv_write_bytes) / hbm
+    compute_s = (t.gemm_flops / (rates.gemm_flops_s * gemm_eff)
+                 + t.expert_flops / (rates.gemm_flops_s * c.moe_flops_efficiency)
+                 + t.attention_flops / (rates.attention_flops_s * c.flops_efficiency))
+    allreduce_s = t.allreduce_calls * (t.allreduce_bytes / rates.interconnect_bytes_s
+                                       + c.allreduce_latency_s)
+    transfer_s = t.swap_bytes / rates.pcie_bytes_s + t.copy_bytes / hbm
+    return (maximum(memory_s, compute_s) + allreduce_s + transfer_s
+            + c.step_overhead_s + t.prefill * c.prefill_overhead_s)
+
+
+_NO_TERMS = StepTerms(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+_ZERO = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 class RooflineLatency:
     """Step latency from bytes moved and FLOPs per rank (formula in the module docstring)."""
 
     def __init__(self, model: ModelConfig, gpu: GPUSpec, *, tp: int = 1,
-                 kv_cache_dtype: str = "auto", weight_dtype: str = "auto", block_size: int = 16,
-                 mem_efficiency: float = 0.8, flops_efficiency: float = 0.6,
-                 step_overhead_s: float = 0.003, allreduce_latency_s: float = 0.0) -> None:
-        """Raises KvplanError for efficiencies outside (0, 1], negative times, block_size < 1
+                 kv_cache_dtype: str = "auto", quantization: str | WeightFormat = "auto",
+                 block_size: int = 16, constants: RooflineConstants | None = None,
+                 mem_efficiency: float | None = None, flops_efficiency: float | None = None,
+                 fp8_flops_efficiency: float | None = None,
+                 moe_flops_efficiency: float | None = None, step_overhead_s: float | None = None,
+                 prefill_overhead_s: float | None = None,
+                 allreduce_latency_s: float | None = None,
+                 request_overhead_s: float | None = None) -> None:
+        """``constants`` default to the fitted ones for ``gpu``; each keyword overrides one.
+        Raises KvplanError for efficiencies outside (0, 1], negative times, block_size < 1
         or a tp that does not divide the model's heads."""
-        for name, value in (("mem_efficiency", mem_efficiency),
-                            ("flops_efficiency", flops_efficiency)):
-            if not 0 < value <= 1:
-                raise KvplanError(f"roofline {name} must be in (0, 1], got {value}")
-        for name, value in (("step_overhead_s", step_overhead_s),
-                            ("allreduce_latency_s", allreduce_latency_s)):
-            if value < 0:
-                raise KvplanError(f"roofline {name} must be >= 0, got {value}")
+        base = constants if constants is not None else default_constants(gpu)
+        self.constants = base.replace(
+            mem_efficiency=mem_efficiency, flops_efficiency=flops_efficiency,
+            fp8_flops_efficiency=fp8_flops_efficiency, moe_flops_efficiency=moe_flops_efficiency,
+            step_overhead_s=step_overhead_s,
+            prefill_overhead_s=prefill_overhead_s, allreduce_latency_s=allreduce_latency_s,
+            request_overhead_s=request_overhead_s)
+        self.fitted = constants is None
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise KvplanError(f"block size must be a positive integer, got {block_size!r}")
         self.model, self.gpu, self.tp, self.block_size = model, gpu, tp, block_size
-        self.mem_efficiency, self.flops_efficiency = mem_efficiency, flops_efficiency
-        self.step_overhead_s, self.allreduce_latency_s = step_overhead_s, allreduce_latency_s
         layout = model_kv_layout(model, kv_cache_dtype, tp)  # validates tp against the heads
         self.kv_cache_dtype = layout.dtype
         self.bytes_per_token = layout.bytes_per_token
         self.block_bytes = block_size * self.bytes_per_token
-        self.weight_dtype = model.weight_dtype if weight_dtype == "auto" else canonical_dtype(
-            weight_dtype, "weight dtype")
-        weight_b = dtype_bits(self.weight_dtype) / 8
+        # Quantized weights: fewer bytes streamed, and the GEMMs on the tensor cores of the
+        # format's compute dtype (simulator/kv/quantization.py says which and why).
+        self.weight_format = quantization if isinstance(quantization, WeightFormat) else (
+            resolve_quantization(model, quantization, gpu))
+        self.weight_dtype = self.weight_format.weight_dtype
+        self.gemm_dtype = self.weight_format.gemm_dtype  # bf16 | fp16 | fp32 | fp8 | int8
         self._act_bytes = 4 if dtype_bits(model.torch_dtype) == 32 else 2
-        self.peak_flops = _peak_flops(gpu, self.weight_dtype)
+        self.peak_flops = _peak_flops(gpu, self.gemm_dtype)
+        self.rates = Rates(
+            hbm_bytes_s=gpu.hbm_bandwidth_bytes_s, gemm_flops_s=self.peak_flops,
+            attention_flops_s=_peak_flops(gpu, "fp32" if self._act_bytes == 4 else "bf16"),
+            interconnect_bytes_s=gpu.interconnect_bandwidth_bytes_s,
+            pcie_bytes_s=gpu.pcie_bandwidth_bytes_s, gemm_8bit=self.gemm_dtype in ("fp8", "int8"))
 
-        self._dense_weight_bytes = (model.dense_body_params + model.lm_head_params) * weight_b / tp
-        self._expert_bytes = model.routed_expert_params * weight_b / tp
+        self._dense_weight_bytes = self.weight_format.dense_weight_bytes / tp
+        self._expert_bytes = self.weight_format.expert_bytes / tp
         self._num_experts = model.num_experts
         self._experts_per_tok = model.experts_per_token
-        active_body = (model.dense_body_params
-                       + model.num_moe_layers * self._experts_per_tok * model.routed_expert_params)
-        self._flops_per_token = 2 * active_body / tp
+        self._flops_per_token = 2 * model.dense_body_params / tp
+        self._expert_flops_per_token = (
+            2 * model.num_moe_layers * self._experts_per_tok * model.routed_expert_params / tp)
         self._flops_per_sample = 2 * model.lm_head_params / tp
         heads = model.num_attention_heads / tp
         layers = model.num_hidden_layers
@@ -127,12 +218,44 @@ class RooflineLatency:
         if model.is_mla:  # decode attends in the latent space: d_qk = latent, d_v = kv_lora_rank
             decode_dims = model.kv_latent_width + (model.kv_lora_rank or 0)
             self._decode_flops_per_ctx = 2 * heads * decode_dims * layers
+        self._allreduce_calls = 2.0 * layers if tp > 1 else 0.0
+        self._ring_bytes_per_token = 2 * (tp - 1) / tp * model.hidden_size * self._act_bytes
+        # The decode fast path's divisors, fixed for the model's life.
+        c = self.constants
+        gemm_eff = c.fp8_flops_efficiency if self.rates.gemm_8bit else c.flops_efficiency
+        self._hbm_eff_bytes_s = gpu.hbm_bandwidth_bytes_s * c.mem_efficiency
+        self._gemm_eff_flops_s = self.peak_flops * gemm_eff
+        self._attn_eff_flops_s = self.rates.attention_flops_s * c.flops_efficiency
+        self._moe_eff_flops_s = self.peak_flops * c.moe_flops_efficiency
+
+    @property
+    def mem_efficiency(self) -> float:
+        return self.constants.mem_efficiency
+
+    @property
+    def flops_efficiency(self) -> float:
+        return self.constants.flops_efficiency
+
+    @property
+    def step_overhead_s(self) -> float:
+        return self.constants.step_overhead_s
+
+    @property
+    def allreduce_latency_s(self) -> float:
+        return self.constants.allreduce_latency_s
+
+    @property
+    def request_overhead_s(self) -> float:
+        """Per request, outside the steps (the serving front end): the engine adds it to the
+        TTFT and E2E the client sees."""
+        return self.constants.request_overhead_s
 
     def step_latency_s(self, plan: StepPlan) -> float:
         """Seconds the step takes (0 for a plan with no work); equals ``step_cost(plan).total_s``.
 
         This is the simulator's hot path (one call per step), so the common case — a decode
-        step without copies on a dense model at TP 1 — is computed inline.
+        step without copies on a dense model at TP 1 — is computed inline, term for term as
+        :func:`combine` computes it.
         """
         if (plan.prefills or plan.cow_copies or plan.num_swap_out_blocks or plan.num_swap_in_blocks
                 or self.tp > 1 or self._num_experts or not plan.num_decode_seqs):
@@ -140,63 +263,82 @@ class RooflineLatency:
         n = plan.num_decode_seqs
         ctx = plan.decode_context_tokens
         bpt = self.bytes_per_token
-        memory_s = (self._dense_weight_bytes + ctx * bpt + n * bpt) / self._hbm_bytes_s
-        compute_s = (self._flops_per_token * n + self._flops_per_sample * n
-                     + self._decode_flops_per_ctx * ctx) / (self.peak_flops * self.flops_efficiency)
-        return (memory_s if memory_s >= compute_s else compute_s) + 0.0 + 0.0 + self.step_overhead_s
+        memory_s = (self._dense_weight_bytes + ctx * bpt + n * bpt) / self._hbm_eff_bytes_s
+        # (a dense model's expert term is 0.0, and x + 0.0 == x: it is left out here)
+        compute_s = ((self._flops_per_token * n + self._flops_per_sample * n) / self._gemm_eff_flops_s
+                     + self._decode_flops_per_ctx * ctx / self._attn_eff_flops_s)
+        return ((memory_s if memory_s >= compute_s else compute_s) + 0.0 + 0.0
+                + self.constants.step_overhead_s + 0.0)
 
-    def step_cost(self, plan: StepPlan) -> StepCost:
-        """The step's terms, for reports and tests."""
-        num_copies = len(plan.cow_copies)
-        num_swapped = plan.num_swap_out_blocks + plan.num_swap_in_blocks
-        transfer_s = (num_swapped * self.block_bytes / self.gpu.pcie_bandwidth_bytes_s
-                      + num_copies * 2 * self.block_bytes / self._hbm_bytes_s)
-        if plan.is_empty:
-            # Nothing runs on the device but the copies (a step that only swaps).
-            return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, transfer_s, 0.0) if transfer_s \
-                else _ZERO
+    def step_terms(self, plan: StepPlan) -> StepTerms:
+        """What the step moves and computes (no constants involved)."""
+        copy_bytes = len(plan.cow_copies) * 2.0 * self.block_bytes
+        swap_bytes = (plan.num_swap_out_blocks + plan.num_swap_in_blocks) * float(self.block_bytes)
+        if plan.is_empty:  # nothing runs on the device but the copies (a step that only swaps)
+            return _NO_TERMS._replace(copy_bytes=copy_bytes, swap_bytes=swap_bytes)
         tokens = plan.num_batched_tokens
         num_sampled = plan.num_decode_seqs + sum(1 for c in plan.prefills if c.samples_token)
         weight_bytes = self._dense_weight_bytes + (
             self.model.num_moe_layers * self._experts_touched(tokens) * self._expert_bytes)
-        kv_read = (plan.prefill_context_tokens + plan.decode_context_tokens) * self.bytes_per_token
-        kv_write = tokens * self.bytes_per_token
-        flops = (self._flops_per_token * tokens + self._flops_per_sample * num_sampled
-                 + self._prefill_flops_per_pair * plan.prefill_attention_pairs
-                 + self._decode_flops_per_ctx * plan.decode_context_tokens)
-        allreduce_s = 0.0
-        if self.tp > 1:
-            ring_bytes = 2 * (self.tp - 1) / self.tp * tokens * self.model.hidden_size * self._act_bytes
-            per_call = ring_bytes / self.gpu.interconnect_bandwidth_bytes_s + self.allreduce_latency_s
-            allreduce_s = 2 * self.model.num_hidden_layers * per_call
+        return StepTerms(
+            weight_bytes=weight_bytes,
+            kv_read_bytes=(plan.prefill_context_tokens + plan.decode_context_tokens) * self.bytes_per_token,
+            kv_write_bytes=tokens * self.bytes_per_token,
+            gemm_flops=self._flops_per_token * tokens + self._flops_per_sample * num_sampled,
+            expert_flops=self._expert_flops_per_token * tokens,
+            attention_flops=(self._prefill_flops_per_pair * plan.prefill_attention_pairs
+                             + self._decode_flops_per_ctx * plan.decode_context_tokens),
+            allreduce_calls=self._allreduce_calls,
+            allreduce_bytes=self._ring_bytes_per_token * tokens,
+            prefill=1.0 if plan.prefills else 0.0, copy_bytes=copy_bytes, swap_bytes=swap_bytes)
+
+    def step_cost(self, plan: StepPlan) -> StepCost:
+        """The step's terms and their seconds, for reports and tests."""
+        t = self.step_terms(plan)
+        c, r = self.constants, self.rates
+        transfer_s = t.swap_bytes / r.pcie_bytes_s + t.copy_bytes / self._hbm_eff_bytes_s
+        if plan.is_empty:
+            return _ZERO._replace(transfer_s=transfer_s) if transfer_s else _ZERO
         return StepCost(
-            weight_bytes=weight_bytes, kv_read_bytes=kv_read, kv_write_bytes=kv_write, flops=flops,
-            memory_s=(weight_bytes + kv_read + kv_write) / self._hbm_bytes_s,
-            compute_s=flops / (self.peak_flops * self.flops_efficiency),
-            allreduce_s=allreduce_s, transfer_s=transfer_s, overhead_s=self.step_overhead_s)
+            weight_bytes=t.weight_bytes, kv_read_bytes=t.kv_read_bytes,
+            kv_write_bytes=t.kv_write_bytes, gemm_flops=t.gemm_flops,
+            expert_flops=t.expert_flops, attention_flops=t.attention_flops,
+            memory_s=(t.weight_bytes + t.kv_read_bytes + t.kv_write_bytes) / self._hbm_eff_bytes_s,
+            compute_s=(t.gemm_flops / self._gemm_eff_flops_s
+                       + t.expert_flops / self._moe_eff_flops_s
+                       + t.attention_flops / self._attn_eff_flops_s),
+            allreduce_s=t.allreduce_calls * (t.allreduce_bytes / r.interconnect_bytes_s
+                                             + c.allreduce_latency_s),
+            transfer_s=transfer_s,
+            overhead_s=c.step_overhead_s + t.prefill * c.prefill_overhead_s)
 
     def describe(self) -> dict[str, object]:
         """The model's constants, for reports (JSON-serialisable)."""
+        c = self.constants
         return {
             "latency_model": "roofline",
             "model": self.model.name, "gpu": self.gpu.name, "tp": self.tp,
             "kv_cache_dtype": self.kv_cache_dtype, "weight_dtype": self.weight_dtype,
+            "gemm_dtype": self.gemm_dtype,
             "block_size": self.block_size, "bytes_per_token": self.bytes_per_token,
             "dense_weight_bytes_per_step": self._dense_weight_bytes,
             "hbm_bandwidth_bytes_s": self.gpu.hbm_bandwidth_bytes_s,
-            "mem_efficiency": self.mem_efficiency,
-            "peak_flops": self.peak_flops, "flops_efficiency": self.flops_efficiency,
+            "mem_efficiency": c.mem_efficiency,
+            "peak_flops": self.peak_flops, "flops_efficiency": c.flops_efficiency,
+            "fp8_flops_efficiency": c.fp8_flops_efficiency,
+            "moe_flops_efficiency": c.moe_flops_efficiency,
             "interconnect_bandwidth_bytes_s": self.gpu.interconnect_bandwidth_bytes_s,
             "pcie_bandwidth_bytes_s": self.gpu.pcie_bandwidth_bytes_s,
-            "allreduce_latency_s": self.allreduce_latency_s,
-            "step_overhead_s": self.step_overhead_s,
-            "formula": "max(bytes/(BW*mem_eff), flops/(peak*flops_eff)) + allreduce + swap + cow"
-                       " + overhead",
+            "allreduce_latency_s": c.allreduce_latency_s,
+            "step_overhead_s": c.step_overhead_s,
+            "prefill_overhead_s": c.prefill_overhead_s,
+            "request_overhead_s": c.request_overhead_s,
+            "constants_from": "fitted defaults" if self.fitted else "given",
+            "fit": fit_provenance() if self.fitted else {},
+            "formula": "max(bytes/(BW*mem_eff), gemm/(peak*eff) + experts/(peak*moe_eff)"
+                       " + attn/(peak16*flops_eff))"
+                       " + allreduce + swap + cow + overhead (+ prefill overhead)",
         }
-
-    @property
-    def _hbm_bytes_s(self) -> float:
-        return self.gpu.hbm_bandwidth_bytes_s * self.mem_efficiency
 
     def _experts_touched(self, tokens: int) -> float:
         """Expected distinct routed experts per MoE layer for ``tokens`` uniformly routed tokens."""
@@ -206,10 +348,12 @@ class RooflineLatency:
         return self._num_experts * (1 - miss**tokens)
 
 
-def _peak_flops(gpu: GPUSpec, weight_dtype: str) -> float:
-    """Dense FLOP/s the step's GEMMs run at, given the weight dtype (module docstring)."""
-    if weight_dtype.startswith("fp8") and gpu.dense_fp8_flops > 0:
+def _peak_flops(gpu: GPUSpec, gemm_dtype: str) -> float:
+    """Dense FLOP/s (or int8 ops/s) of the tensor cores the GEMMs run on (module docstring)."""
+    if gemm_dtype == "fp8":
         return gpu.dense_fp8_flops
-    if dtype_bits(weight_dtype) == 32:
+    if gemm_dtype == "int8":
+        return gpu.dense_int8_ops
+    if gemm_dtype == "fp32":
         return gpu.dense_bf16_flops / 2  # TF32
     return gpu.dense_bf16_flops

@@ -20,7 +20,7 @@ ALLOCATORS = ["paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle"]
 REQUEST_COLUMNS = [
     "allocator", "request_id", "replica", "arrival_s", "prompt_tokens", "output_tokens", "n",
     "beam_width", "status", "reject_reason", "queue_delay_s", "ttft_s", "tpot_s", "e2e_s",
-    "num_preemptions", "num_swaps", "prefix_hit_tokens",
+    "num_preemptions", "num_swaps", "prefix_hit_tokens", "readmission_hit_tokens",
 ]
 STEP_COLUMNS = [
     "allocator", "replica", "step", "time_s", "duration_s", "num_prefill_seqs", "num_prefill_tokens",
@@ -84,7 +84,10 @@ def test_summary_has_every_field_for_every_allocator(full_run):
     summary = json.loads((full_run / "summary.json").read_text())
     assert list(summary) == ALLOCATORS
     for name, s in summary.items():
-        assert set(s) == SUMMARY_FIELDS, name
+        assert set(s) == SUMMARY_FIELDS | {"max_model_len_policy"}, name
+        policy = s["max_model_len_policy"]
+        assert (policy["policy"], policy["max_model_len"]) == ("reject", 1024)
+        assert policy["num_rejected"] == s["rejected_by_reason"].get("max_model_len", 0) > 0
         assert set(s["kv"]) == KV_FIELDS, name
         for key in ("queue_delay_s", "ttft_s", "tpot_s", "e2e_s"):
             assert set(s[key]) == STATS, (name, key)
