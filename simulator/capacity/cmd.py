@@ -33,6 +33,7 @@ from simulator.capacity.executors import EXECUTORS, make_executor
 from simulator.capacity.pareto import ParetoPoint, pareto_points, write_pareto_csv
 from simulator.capacity.search import SEARCHES, SearchResult, SearchTask, run_search
 from simulator.capacity.sweep import (
+    csv_cell,
     CONCURRENCY_ONLY_FIELDS,
     RATE_ONLY_FIELDS,
     CapacityRow,
@@ -247,14 +248,6 @@ def _progress(quiet: bool) -> Progress | None:
 # --- outputs --------------------------------------------------------------------------------
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, (list, tuple)):
-        return ",".join(map(str, value))
-    return str(value)
 
 
 def write_csv(path: Path, rows: Sequence[CapacityRow], search: str = "rate") -> None:
@@ -267,8 +260,8 @@ def write_csv(path: Path, rows: Sequence[CapacityRow], search: str = "rate") -> 
         writer = csv.writer(f)
         writer.writerow(["point", *knobs, *fields])
         for r in rows:
-            writer.writerow([r.point_index, *(_cell(r.knobs.get(k)) for k in knobs),
-                             *(_cell(getattr(r, name)) for name in fields)])
+            writer.writerow([r.point_index, *(csv_cell(r.knobs.get(k)) for k in knobs),
+                             *(csv_cell(getattr(r, name)) for name in fields)])
 
 
 def _write_json(path: Path, rows: Sequence[CapacityRow], results: Sequence[SearchResult],
@@ -334,7 +327,7 @@ def print_table(console: Console, rows: Sequence[CapacityRow], notes: dict[int, 
         table.add_column(name, justify="left" if name in (*knobs, "allocator") else "right", no_wrap=True)
     remarks = []
     for r in rows:
-        cells = [_cell(r.knobs.get(k)) for k in knobs] + [r.allocator]
+        cells = [csv_cell(r.knobs.get(k)) for k in knobs] + [r.allocator]
         if r.status != "ok":  # failed, slo-unmet, unbounded: say why under the table
             who = f"point {r.point_index}" + (f" {r.allocator}" if r.allocator else "")
             remarks.append(f"{who} {r.status}: {r.message}")

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.capacity.search import SearchResult, limited_by
-from simulator.capacity.sweep import SweepPoint
+from simulator.capacity.sweep import SweepPoint, csv_cell
 
 FRONTIER_EPS = 1e-9  # ties on y stay on the frontier, as in vLLM's sweep
 
@@ -97,15 +97,7 @@ def write_pareto_csv(path: Path, rows: Sequence[ParetoPoint]) -> None:
         writer = csv.writer(f)
         writer.writerow(["point", *knobs, *PARETO_COLUMNS])
         for r in rows:
-            writer.writerow([r.point_index, *(_cell(r.knobs.get(k)) for k in knobs),
-                             *(_cell(getattr(r, c)) for c in PARETO_COLUMNS)])
+            writer.writerow([r.point_index, *(csv_cell(r.knobs.get(k)) for k in knobs),
+                             *(csv_cell(getattr(r, c)) for c in PARETO_COLUMNS)])
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, (list, tuple)):
-        return ",".join(map(str, value))
-    return str(value)

@@ -288,8 +288,7 @@ def summarize_searches(point: SweepPoint, allocator: str, results: Sequence[Sear
                                    + "; ".join(lowest.failures))
     rate = statistics.fmean(los)
     tok_s = statistics.fmean(p.throughput_tok_s for p in at_max)
-    usd = (price_usd_per_gpu_hour * num_gpus / (3600.0 * tok_s) * 1e6
-           if price_usd_per_gpu_hour is not None and tok_s > 0 else None)
+    usd = usd_per_m_tokens(price_usd_per_gpu_hour, num_gpus, tok_s)
     unbounded = any(h is None for h in his)
     messages = [note] if note else []
     if unbounded:
@@ -327,8 +326,7 @@ def _summarize_clients(point: SweepPoint, allocator: str, results: Sequence[Sear
                            message=f"SLO fails even with {first.concurrency} client(s): "
                                    + "; ".join(first.failures))
     tok_s = statistics.fmean(p.throughput_tok_s for p in at_max)
-    usd = (price_usd_per_gpu_hour * num_gpus / (3600.0 * tok_s) * 1e6
-           if price_usd_per_gpu_hour is not None and tok_s > 0 else None)
+    usd = usd_per_m_tokens(price_usd_per_gpu_hour, num_gpus, tok_s)
     unbounded = any(h is None for h in his)
     messages = [note] if note else []
     if unbounded:
@@ -372,3 +370,21 @@ def gpu_price(dep: Deployment, overrides: dict[str, float]) -> float | None:
     (sources in simulator/kv/gpus.py); None when neither is known."""
     price = overrides.get(dep.gpu.name, dep.gpu.price_usd_per_hour)
     return price if price and price > 0 else None
+
+
+def usd_per_m_tokens(price_usd_per_gpu_hour: float | None, num_gpus: int, tok_s: float) -> float | None:
+    """$ per million generated tokens: price per GPU-hour × GPUs / (3600 × tok/s) × 10^6."""
+    if price_usd_per_gpu_hour is None or tok_s <= 0:
+        return None
+    return price_usd_per_gpu_hour * num_gpus / (3600.0 * tok_s) * 1e6
+
+
+def csv_cell(value: Any) -> str:
+    """One CSV cell: empty for None, 6 significant digits for floats, commas between list items."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value)
