@@ -102,7 +102,12 @@ def run(args: argparse.Namespace) -> int:
         stored = rc.fit_provenance()
         digest = stored.get("error", {}).get("held_out_mape")
         if digest:
-            summary["held_out"] = report.held_out_from_fit(digest)
+            held = report.held_out_from_fit(digest)
+            if args.source or args.table:  # the fit's overall figures are not this selection's
+                held = {"overall": {"mape": None}, "by_metric": {},
+                        "by_source": {k: v for k, v in held["by_source"].items()
+                                      if k in summary["in_sample"]["by_source"]}}
+            summary["held_out"] = held
             summary["targets"] = report.targets(summary["held_out"])
             notes.append(f"held-out MAPE: as measured when the defaults were fitted ({stored.get('date')}, "
                          f"{stored.get('num_rows')} rows); kvplan validate --fit measures it again")
@@ -208,7 +213,7 @@ def _constants_used(results: Sequence[SetupResult]) -> dict[str, float]:
     for res in results:
         if res.constants is not None:
             return {k: getattr(res.constants, k) for k in FIELDS}
-    return {}
+    return dict(rc.read_fit()["constants"])  # nothing ran: the defaults a run would have used
 
 
 def _sha256(path: Path) -> str:
