@@ -9,6 +9,12 @@
 On a CPU the quick sweep is the default (``--full`` asks for the whole one); on a GPU the full
 sweep. Before the sweep it prints what it will take (two shapes timed, the sweep extrapolated),
 then shows a progress bar with the time remaining (on a terminal, not with ``--quiet``).
+
+``kvplan fidelity`` exits 0 when every target is met (or has no measured value), and otherwise
+writes its files and table all the same and exits :data:`EXIT_TARGETS_MISSED` (3) when a target
+is missed or the replay's decisions diverged from the real run's, else
+:data:`EXIT_INCONCLUSIVE` (4) when some target could not be judged (the run-to-run spread or a
+load change exceeds its bound: run it again on a quieter machine). Bad input exits 2.
 """
 
 from __future__ import annotations
@@ -151,10 +157,41 @@ def run_fidelity_cmd(args: argparse.Namespace) -> int:
                            quick_calibrate=args.quick_calibrate, threads=args.threads, overrides=overrides)
     say = (lambda msg: print(f"fidelity: {msg} ...", file=sys.stderr)) if not args.quiet else None
     result = run_fidelity(opts, on_stage=say)
+    code, why = fidelity_exit_code(result.report)
     if not args.quiet:
         print_fidelity(result.report)
         print(f"results in {result.out_dir}/")
-    return 0
+        if code:
+            print(f"kvplan: fidelity: {why} (exit status {code})", file=sys.stderr)
+    return code
+
+
+EXIT_TARGETS_MISSED = 3  # a target missed, or the replayed decisions diverged from the real run's
+EXIT_INCONCLUSIVE = 4  # none missed, but the measurement could not judge some target
+
+
+def fidelity_exit_code(report: dict[str, Any]) -> tuple[int, str]:
+    """The exit status a fidelity report deserves (module docstring), and why in a few words.
+
+    A miss outranks an inconclusive verdict: a target the measurement could judge and found
+    broken is a failure whatever the others say. "n/a" (nothing measured) judges nothing."""
+    r = report["allocators"]["paged"]
+    verdicts = {name: _raw_verdict(t) for name, t in r["targets"].items()}
+    missed = [name for name, v in verdicts.items() if v == "missed"]
+    reasons = [f"targets missed: {', '.join(missed)}"] if missed else []
+    if not r["decisions"]["identical"]:
+        reasons.append("the replayed decisions diverged")
+    if reasons:
+        return EXIT_TARGETS_MISSED, "; ".join(reasons)
+    unjudged = [name for name, v in verdicts.items() if v == "inconclusive"]
+    if unjudged:
+        return EXIT_INCONCLUSIVE, f"inconclusive: {', '.join(unjudged)}"
+    return 0, ""
+
+
+def _raw_verdict(target: dict[str, Any]) -> str:
+    """met | missed | inconclusive | n/a (a report without ``verdict`` has only ``met``)."""
+    return target.get("verdict") or ("met" if target["met"] else "missed")
 
 
 def print_fidelity(report: dict[str, Any]) -> None:
@@ -197,7 +234,7 @@ def print_fidelity(report: dict[str, Any]) -> None:
 
 
 def _verdict(target: dict[str, Any]) -> str:
-    verdict = target.get("verdict") or ("met" if target["met"] else "missed")
+    verdict = _raw_verdict(target)
     return {"missed": "MISSED", "inconclusive": "inconclusive"}.get(verdict, verdict)
 
 

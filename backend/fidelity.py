@@ -58,6 +58,7 @@ from simulator.latency.profile import (
     mape,
     read_profile,
 )
+from simulator.outputs import OutputFolder, default_out_dir, open_output
 from simulator.report import write_csv, write_json
 from simulator.run import load_workload
 from simulator.scenario import load_scenario
@@ -65,6 +66,8 @@ from simulator.scenario import load_scenario
 # the issue's targets: relative error bounds on a warm, otherwise idle machine
 TARGETS = {"throughput_tok_s": 0.05, "tpot_s.mean": 0.05, "e2e_s.mean": 0.05, "ttft_s.p99": 0.10}
 MAX_POOL_FRACTION_OF_RAM = 0.5
+# What fidelity wrote before its folders carried outputs.MARKER: such a folder may be replaced.
+FIDELITY_FILES = ("fidelity.json", "real_steps.csv", "sim_steps.csv")
 
 
 @dataclass(frozen=True)
@@ -171,8 +174,19 @@ def run_fidelity(opts: FidelityOptions, *, on_stage=None) -> FidelityReport:  # 
     device = resolve_device(opts.device)
     if device.type == "cpu":
         torch.set_num_threads(opts.threads or 1)  # a shared machine: one thread times steadily
-    out_dir = Path(opts.out) if opts.out else Path("runs") / f"{scenario.name}-fidelity"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(opts.out) if opts.out else default_out_dir(scenario.name, suffix="-fidelity",
+                                                              where=opts.scenario)
+    given = _profile(opts, dep, device, out_dir) if opts.profile else None  # checked before any writing
+    # Locked from here: a second run into out_dir is refused; the results (the calibrated
+    # profile.yaml among them) replace the folder once all are written (simulator/outputs.py).
+    with open_output(out_dir, command="fidelity", recognised=FIDELITY_FILES) as folder:
+        return _measure(opts, scenario, base, dep, device, folder, given, on_stage)
+
+
+def _measure(opts: FidelityOptions, scenario, base: Path, dep: Deployment, device: torch.device,  # type: ignore[no-untyped-def]
+             folder: OutputFolder, given, on_stage) -> FidelityReport:
+    """Steps 1–4 of the module docstring, writing into ``folder.staging``."""
+    out_dir = folder.staging
     stage = on_stage or (lambda _msg: None)
 
     window = dep.scheduler_config.max_model_len
@@ -189,9 +203,8 @@ def run_fidelity(opts: FidelityOptions, *, on_stage=None) -> FidelityReport:  # 
         loads.append(StageLoad(name, before, sample_load()))
         return out
 
-    if opts.profile:
-        stage("reading the profile")
-        profile = _profile(opts, dep, device, out_dir)
+    if given is not None:
+        profile = given
     else:
         profile = timed("calibration", lambda: _profile(opts, dep, device, out_dir))
         train_scenario, train_base = load_scenario(opts.scenario, _training_overrides(opts, scenario, requests))
@@ -232,7 +245,8 @@ def run_fidelity(opts: FidelityOptions, *, on_stage=None) -> FidelityReport:  # 
         "scenario": scenario.name,
         "device": profile.device,
         "model": dep.model.name,
-        "profile": profile.path,
+        # a calibrated profile: where it will be once the run is swapped in
+        "profile": profile.path if given is not None else str(folder.published(Path(profile.path))),
         "repeats": opts.repeats,
         "skipped_allocators": [a for a in scenario.allocators if a != "paged"],
         "max_model_len_policy": workload.as_dict(),
@@ -258,7 +272,7 @@ def run_fidelity(opts: FidelityOptions, *, on_stage=None) -> FidelityReport:  # 
     write_csv(out_dir / "sim_steps.csv", sim_steps)
     write_fidelity_plot(out_dir / "fidelity.png", report["allocators"]["paged"], predicted, measured,
                         title=f"{scenario.name}: {dep.model.name} on {profile.device}")
-    return FidelityReport(out_dir, report, real, sim, predicted)
+    return FidelityReport(folder.path, report, real, sim, predicted)
 
 
 def _load_text() -> str:

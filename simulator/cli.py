@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
+from typing import TextIO
 
 from simulator import size_cmd
 from simulator.capacity import cmd as capacity_cmd
 from simulator.validate import cmd as validate_cmd
-from simulator.errors import KvplanError
+from simulator.errors import KvplanError, KvplanWarning
 from simulator.run import run_simulate, scenario_overrides
 
 
@@ -70,11 +72,20 @@ def _add_plugins(sub: argparse._SubParsersAction) -> None:
         add(sub)
 
 
+# Modules only the `backend` extra installs (pyproject.toml [project.optional-dependencies]).
+BACKEND_MODULES = frozenset({"torch", "triton"})
+
+
+def backend_missing_message(command: str, missing: str) -> str:
+    """What to tell a user whose ``command`` needs the backend extra's ``missing`` module."""
+    return (f"'{command}' runs the real backend, which needs {missing} (No module named"
+            f" '{missing}'): install the backend extra, pip install -e '.[backend]' (install your"
+            " CUDA or CPU build of torch first; see README)")
+
+
 def _missing_backend(name: str, err: ImportError) -> Callable[[argparse.Namespace], int]:
     def run(_: argparse.Namespace) -> int:
-        raise KvplanError(
-            f"'{name}' needs the real backend (torch, triton): pip install 'kvplan[backend]' ({err})"
-        )
+        raise KvplanError(backend_missing_message(name, (err.name or str(err)).split(".")[0]))
     return run
 
 
@@ -89,11 +100,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _guarded(run: Callable[[], int]) -> int:
+_python_show_warning = warnings.showwarning
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: TextIO | None = None, line: str | None = None) -> None:
+    """A KvplanWarning is one line, ``kvplan: warning: ...``; other warnings print as Python's."""
+    if issubclass(category, KvplanWarning):
+        print(f"kvplan: warning: {message}", file=file or sys.stderr)
+        return
+    _python_show_warning(message, category, filename, lineno, file, line)
+
+
+def _guarded(run: Callable[[], int], command: str = "kvplan") -> int:
+    """Run a command: bad input is one line and exit code 2, never a traceback; so is a command
+    of the real backend run without the backend extra (the backend imports torch only when a
+    command runs, so that surfaces here, not when the parser is built)."""
     try:
-        return run()
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return run()
     except KvplanError as err:
         print(f"kvplan: error: {err}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as err:
+        missing = (err.name or "").split(".")[0]
+        if missing not in BACKEND_MODULES:
+            raise
+        print(f"kvplan: error: {backend_missing_message(command, missing)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("kvplan: interrupted", file=sys.stderr)
@@ -105,7 +139,7 @@ def _guarded(run: Callable[[], int]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    return _guarded(lambda: args.func(args))
+    return _guarded(lambda: args.func(args), args.command)
 
 
 def simulate_main(argv: Sequence[str] | None = None) -> int:

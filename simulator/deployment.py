@@ -3,6 +3,13 @@
 Every allocator of a scenario gets the *same* KV memory (``num_blocks × block_size`` token slots
 per replica, from vLLM's capacity formula or ``num_gpu_blocks_override``); they differ only in how
 they use it.
+
+A deployment vLLM would refuse to start (simulator/refusals.py: a block size it does not take, a
+max_model_len beyond the model's window or beyond the KV memory, an override larger than the GPU)
+is a KvplanError saying why and what would make it start, unless the scenario says
+``allow_refused: true``. What remains worth knowing (refusals allowed, block sizes its fastest
+kernel does not take, ...) is in :attr:`Deployment.warnings`, emitted once as KvplanWarning when
+the deployment is built and listed in run.json's notes.
 """
 
 from __future__ import annotations
@@ -12,17 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simulator.errors import KvplanError
+from simulator.errors import KvplanError, warn_user
 from simulator.kv.allocator import KVAllocator
 from simulator.kv.contiguous import ContiguousAllocator
 from simulator.kv.gpus import GPUSpec, get_gpu
 from simulator.kv.models import ModelConfig, load_model
 from simulator.kv.paged import PagedAllocator
-from simulator.kv.sizing import KVCapacity, kv_capacity
+from simulator.kv.sizing import SCENARIO_KEYS, KVCapacity, kv_capacity
 from simulator.latency import LatencyModel
 from simulator.latency.constant import ConstantLatency
 from simulator.latency.profile import ProfileLatency, check_profile_matches, read_profile
 from simulator.latency.roofline import RooflineLatency
+from simulator.refusals import check_startup
 from simulator.scenario import Scenario
 from simulator.scheduler import Scheduler, SchedulerConfig
 
@@ -38,6 +46,8 @@ class Deployment:
     num_blocks: int  # per replica (per rank: every rank holds its heads' share of each block)
     scheduler_config: SchedulerConfig
     latency: LatencyModel
+    # what vLLM's start-up would warn about, and refusals simulated anyway (allow_refused)
+    warnings: tuple[str, ...] = ()
 
     @property
     def capacity_tokens(self) -> int:
@@ -80,14 +90,17 @@ class Deployment:
             "activation_gib_per_rank": cap.activation_bytes / GIB,
             "max_model_len": self.scheduler_config.max_model_len,
             "max_concurrency_at_max_model_len": self.capacity_tokens / self.scheduler_config.max_model_len,
-            "notes": list(cap.notes),
+            "notes": list(cap.notes) + list(self.warnings),
+            "warnings": list(self.warnings),
             "latency_model": describe() if describe else {},
         }
 
 
 def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool = False,
                      where: str = "scenario") -> Deployment:
-    """Resolve names and sizes; any inconsistency is a one-line KvplanError naming ``where``."""
+    """Resolve names and sizes; any inconsistency, or a deployment vLLM would refuse to start
+    (unless ``scenario.allow_refused``), is a one-line KvplanError naming ``where``. Warnings are
+    emitted as KvplanWarning and kept in :attr:`Deployment.warnings`."""
     try:
         model = load_model(_resolve(scenario.model, base_dir) if scenario.model.endswith(".json") else scenario.model)
     except KvplanError as err:
@@ -101,12 +114,25 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
     batched = scenario.max_num_batched_tokens
     if batched is None:  # vLLM's defaults: 8192 with chunked prefill, else a whole prompt
         batched = max(8192, max_seqs) if scenario.enable_chunked_prefill else max(max_model_len, max_seqs)
-    cap = kv_capacity(
-        model, gpu, tp=scenario.tensor_parallel, kv_cache_dtype=scenario.kv_cache_dtype,
-        quantization=scenario.quantization,
-        block_size=scenario.block_size, gpu_memory_utilization=scenario.gpu_memory_utilization,
-        max_num_batched_tokens=batched, max_num_seqs=max_seqs, max_model_len=max_model_len,
-    )
+
+    def capacity_at(tp: int, kv_cache_dtype: str) -> KVCapacity:
+        return kv_capacity(
+            model, gpu, tp=tp, kv_cache_dtype=kv_cache_dtype, quantization=scenario.quantization,
+            block_size=scenario.block_size, gpu_memory_utilization=scenario.gpu_memory_utilization,
+            max_num_batched_tokens=batched, max_num_seqs=max_seqs, max_model_len=max_model_len,
+            knobs=SCENARIO_KEYS)
+
+    try:
+        cap = capacity_at(scenario.tensor_parallel, scenario.kv_cache_dtype)
+    except KvplanError as err:
+        raise KvplanError(f"{where}: {err}") from None
+    startup = check_startup(model, gpu, cap, block_size=scenario.block_size,
+                            max_model_len=max_model_len,
+                            num_gpu_blocks_override=scenario.num_gpu_blocks_override,
+                            capacity_at=capacity_at)
+    said = startup.raise_or_warnings(where, scenario.allow_refused)
+    for warning in said:
+        warn_user(f"{where}: {warning}")
     num_blocks = scenario.num_gpu_blocks_override or cap.num_blocks
     swap_tokens = int(scenario.swap_space * GIB // cap.bytes_per_token)
     try:
@@ -120,7 +146,7 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
     except ValueError as err:
         raise KvplanError(f"{where}: {err}") from None
     latency = _latency_model(scenario, base_dir, model, gpu, cap, force_profile)
-    return Deployment(scenario, model, gpu, cap, num_blocks, sched, latency)
+    return Deployment(scenario, model, gpu, cap, num_blocks, sched, latency, said)
 
 
 def _resolve(path: str, base_dir: Path) -> str:

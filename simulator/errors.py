@@ -8,11 +8,27 @@ traceback. Its message says *what* is wrong and *where* (file, line, key).
 from __future__ import annotations
 
 import difflib
+import multiprocessing
+import warnings
 from collections.abc import Iterable
 
 
 class KvplanError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
+
+
+class KvplanWarning(UserWarning):
+    """Input kvplan accepts but the user should hear about (a run shorter than asked, a block
+    size vLLM's fastest kernel does not take): the CLI prints it as one line, the run goes on."""
+
+
+def warn_user(message: str) -> None:
+    """Emit ``message`` as a KvplanWarning, from the main process only: a worker of a process
+    pool (capacity's searches) rebuilds deployments and workloads its parent process already
+    built, and said, when it resolved the sweep; repeating that from every worker would say each
+    warning once per task, outside the CLI's one-line format."""
+    if multiprocessing.parent_process() is None:
+        warnings.warn(message, KvplanWarning, stacklevel=2)
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:

@@ -6,8 +6,12 @@ of each allocator — and writes four figures:
 * ``kv_memory.png``  where the KV pool goes over time (token state / reserved / internal
   fragmentation / external fragmentation / free), one stacked panel per allocator;
 * ``batch_size.png`` running sequences and the waiting queue over time;
-* ``latency_cdf.png`` TTFT and TPOT distributions of the finished requests;
-* ``allocators.png`` token-state share, peak concurrency and throughput as bars.
+* ``latency_cdf.png`` TTFT and TPOT distributions of the finished requests, with the SLO bounds;
+* ``allocators.png`` what decides between allocators: p99 TTFT (against the SLO; a saturated run,
+  whose queue grows through the trace, hatched), peak concurrency and KV fragmentation.
+
+Legends sit beside or below the data, never on it: a curve of interest hidden under a legend box
+is a wrong reading waiting to happen.
 
 Step tables can hold millions of rows, so time series are reduced to ~800 bins first; a bin holds
 the *time-weighted* mean over its span (:func:`binned_integrals`), exact however long the steps
@@ -30,7 +34,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
-from matplotlib.ticker import PercentFormatter
+from matplotlib.ticker import FuncFormatter, NullFormatter, PercentFormatter
 
 from simulator.errors import KvplanError
 
@@ -64,7 +68,9 @@ STEP_COLUMNS_NEEDED = ("allocator", "replica", "step", "time_s", "duration_s",
 REQUEST_COLUMNS_NEEDED = ("allocator", "status", "ttft_s", "tpot_s")
 SUMMARY_FIELDS_NEEDED = (("kv", "token_state"), ("kv", "internal_fragmentation"),
                          ("kv", "external_fragmentation"), ("kv", "kv_capacity_tokens"),
-                         ("max_batch_size",), ("throughput_tok_s",))
+                         ("max_batch_size",), ("ttft_s", "p99"))
+SLO_COLOUR = "#CC0000"
+SLO_STYLE = (0, (5, 3))  # dashed: reads as a bound, not as data
 
 _RC: dict[str, Any] = {
     "font.size": 10, "axes.titlesize": 10.5, "axes.labelsize": 10, "legend.fontsize": 9,
@@ -90,13 +96,15 @@ class TimeAxis:
 
 
 def write_plots(out_dir: Path, steps_df: pd.DataFrame, requests_df: pd.DataFrame,
-                summary: Mapping[str, Mapping[str, Any]], *, title: str = "") -> list[Path]:
+                summary: Mapping[str, Mapping[str, Any]], *, title: str = "",
+                slo_ttft_p99_s: float | None = None, slo_tpot_p99_s: float | None = None) -> list[Path]:
     """Write the four figures of a simulation into ``out_dir`` (created if missing).
 
     ``steps_df`` has one row per engine step (columns in :data:`STEP_COLUMNS_NEEDED`; the KV
     columns are token slots and sum to the pool capacity), ``requests_df`` one row per request,
     ``summary`` one entry per allocator (``kv.token_state`` …, ``max_batch_size``,
-    ``throughput_tok_s``). Allocators appear in the summary's order, then any others sorted.
+    ``ttft_s.p99``; optionally ``saturated``). ``slo_ttft_p99_s`` / ``slo_tpot_p99_s``, when
+    given, are drawn as bounds. Allocators appear in the summary's order, then any others sorted.
     Empty tables, one allocator, all requests rejected and NaNs give figures that say so.
     Returns the written paths: kv_memory, batch_size, latency_cdf, allocators (PNG).
     Raises :class:`KvplanError` if a column or summary field is missing or ``out_dir`` is a file.
@@ -109,6 +117,9 @@ def write_plots(out_dir: Path, steps_df: pd.DataFrame, requests_df: pd.DataFrame
     for name in summary:  # fail before any file is written
         for path in SUMMARY_FIELDS_NEEDED:
             _summary_number(summary, name, *path)
+    for label, bound in (("TTFT", slo_ttft_p99_s), ("TPOT", slo_tpot_p99_s)):
+        if bound is not None and not (math.isfinite(bound) and bound > 0):
+            raise KvplanError(f"SLO p99 {label} bound must be a positive number of seconds, got {bound}")
     axis = time_axis(steps_df)
     out_dir.mkdir(parents=True, exist_ok=True)
     steps_by, requests_by = _by_allocator(steps_df), _by_allocator(requests_df)
@@ -118,9 +129,10 @@ def write_plots(out_dir: Path, steps_df: pd.DataFrame, requests_df: pd.DataFrame
     figures = (
         ("kv_memory.png",
          lambda: _kv_memory_figure(steps_by, summary, allocators, axis, num_replicas, title)),
-        ("batch_size.png", lambda: _batch_size_figure(steps_by, allocators, axis, title)),
-        ("latency_cdf.png", lambda: _latency_figure(requests_by, allocators, title)),
-        ("allocators.png", lambda: _allocators_figure(summary, title)),
+        ("batch_size.png", lambda: _batch_size_figure(steps_by, summary, allocators, axis, title)),
+        ("latency_cdf.png", lambda: _latency_figure(requests_by, allocators, title,
+                                                    {"ttft_s": slo_ttft_p99_s, "tpot_s": slo_tpot_p99_s})),
+        ("allocators.png", lambda: _allocators_figure(summary, title, slo_ttft_p99_s)),
     )
     paths = []
     with mpl.rc_context(_RC):  # the look must not depend on the user's matplotlibrc
@@ -270,8 +282,8 @@ def _kv_panel_title(name: str, summary: Mapping[str, Any], shares: np.ndarray | 
     return f"{name} — token state {_pct(token)} · fragmentation {_pct(waste)} (time-averaged{pool})"
 
 
-def _batch_size_figure(steps_by: Mapping[str, pd.DataFrame], allocators: list[str], axis: TimeAxis,
-                       title: str) -> Figure:
+def _batch_size_figure(steps_by: Mapping[str, pd.DataFrame], summary: Mapping[str, Mapping[str, Any]],
+                       allocators: list[str], axis: TimeAxis, title: str) -> Figure:
     fig, axes = _figure(2, 1, (11, 6.2), sharex=True)
     running_ax, waiting_ax = axes[0, 0], axes[1, 0]
     x = axis.display(axis.edges_s)
@@ -283,7 +295,8 @@ def _batch_size_figure(steps_by: Mapping[str, pd.DataFrame], allocators: list[st
         for ax, column in ((running_ax, 0), (waiting_ax, 1)):
             # a step line, not ax.stairs: a patch with 1,600 vertices is slow to autoscale
             ax.plot(x, np.append(means[:, column], means[-1, column]), drawstyle="steps-post",
-                    label=name, linewidth=1.4, color=_colour(name, allocators),
+                    label=f"{name} (saturated: the queue grows)" if _saturated(summary, name) else name,
+                    linewidth=1.4, color=_colour(name, allocators),
                     linestyle=_LINESTYLES[i % len(_LINESTYLES)])
         drawn += 1
     if not drawn:
@@ -306,11 +319,17 @@ def _batch_size_figure(steps_by: Mapping[str, pd.DataFrame], allocators: list[st
     return fig
 
 
-def _latency_figure(requests_by: Mapping[str, pd.DataFrame], allocators: list[str], title: str) -> Figure:
-    fig, axes = _figure(1, 2, (12, 4.8))
+def _latency_figure(requests_by: Mapping[str, pd.DataFrame], allocators: list[str], title: str,
+                    slo_s: Mapping[str, float | None]) -> Figure:
+    # Each panel's legend (one line per allocator, the SLO, the marker key) gets a row of its own
+    # under the curves, sized to its lines, so it can never cover one.
+    legend_in = 0.2 * (max(1, len(allocators)) + 2) + 0.15
+    fig = Figure(figsize=(12, 4.4 + legend_in), dpi=DPI, layout="constrained")
+    grid = fig.add_gridspec(2, 2, height_ratios=(4.4, legend_in))
     finished = {name: mine[mine["status"] == "finished"] for name, mine in requests_by.items()}
-    for ax, column, label in ((axes[0, 0], "ttft_s", "TTFT (time to first token)"),
-                              (axes[0, 1], "tpot_s", "TPOT (time per output token)")):
+    for col, (column, label) in enumerate((("ttft_s", "TTFT (time to first token)"),
+                                           ("tpot_s", "TPOT (time per output token)"))):
+        ax, key_ax = fig.add_subplot(grid[0, col]), fig.add_subplot(grid[1, col])
         samples: dict[str, np.ndarray] = {}
         notes = []
         for name in allocators:
@@ -326,40 +345,53 @@ def _latency_figure(requests_by: Mapping[str, pd.DataFrame], allocators: list[st
                 notes.append(f"{name}: no finished requests ({num_rejected} rejected)")
             else:
                 notes.append(f"{name}: no {column[:4].upper()} samples (1-token outputs)")
-        _draw_cdfs(ax, samples, allocators)
+        handles = _draw_cdfs(ax, samples, allocators, slo_s.get(column))
         ax.set_title(label, loc="left")
         ax.set_ylabel("fraction of finished requests")
         ax.set_ylim(0, 1.02)
         if notes:
             _say(ax, "\n".join(notes), centre=not samples)
+        key_ax.axis("off")
+        if handles:
+            key_ax.legend(handles=handles, loc="upper center", frameon=False, borderaxespad=0,
+                          title="● p50   ◆ p99", alignment="left")
     fig.suptitle(_suptitle(title, "Latency distributions (CDF, finished requests)"))
     return fig
 
 
-def _draw_cdfs(ax: Axes, samples: Mapping[str, np.ndarray], allocators: list[str]) -> None:
-    """One ECDF per allocator, with p50 (circle) and p99 (diamond) marked and in the legend."""
+def _draw_cdfs(ax: Axes, samples: Mapping[str, np.ndarray], allocators: list[str],
+               slo_p99_s: float | None) -> list[Any]:
+    """One ECDF per allocator, with p50 (circle) and p99 (diamond) marked, and the SLO's p99
+    bound as a dashed vertical line. Returns the legend handles (their labels carry the values)."""
     if not samples:
         ax.set_xlabel("seconds")
-        return
+        return []
     pooled = np.concatenate(list(samples.values()))
     scale, unit = (1e3, "ms") if np.percentile(pooled, 99) < 1.0 else (1.0, "s")
     positive = pooled[pooled > 0]
     log_x = bool(len(positive) == len(pooled) and positive.max() / positive.min() > 100)
+    handles = []
     for name, v in samples.items():
         i = allocators.index(name)
         colour, style = _colour(name, allocators), _LINESTYLES[i % len(_LINESTYLES)]
         xs, ys = _ecdf_points(np.sort(v) * scale)
         p50, p99 = np.percentile(v * scale, [50, 99])
-        ax.plot(xs, ys, drawstyle="steps-post", color=colour, linestyle=style, linewidth=1.7,
-                label=f"{name}: p50 {_seconds(p50 / scale)} · p99 {_seconds(p99 / scale)}")
+        (line,) = ax.plot(xs, ys, drawstyle="steps-post", color=colour, linestyle=style, linewidth=1.7,
+                          label=f"{name}: p50 {_seconds(p50 / scale)} · p99 {_seconds(p99 / scale)}")
+        handles.append(line)
         ax.plot([p50], [0.5], linestyle="none", color=colour, marker="o", markersize=5)
         ax.plot([p99], [0.99], linestyle="none", color=colour, marker="D", markersize=5)
     for level in (0.5, 0.99):
         ax.axhline(level, color="#888888", linewidth=0.7, linestyle=":", zorder=0)
+    if slo_p99_s is not None:
+        handles.append(ax.axvline(slo_p99_s * scale, color=SLO_COLOUR, linestyle=SLO_STYLE, linewidth=1.2,
+                                  label=f"SLO: p99 ≤ {_seconds(slo_p99_s)}"))
     if log_x:
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(f"latency ({unit}{', log scale' if log_x else ''})")
-    ax.legend(loc="best", title="● p50   ◆ p99", frameon=True, framealpha=0.9, edgecolor="none")
+    return handles
 
 
 def _ecdf_points(sorted_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -369,34 +401,77 @@ def _ecdf_points(sorted_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sorted_values[ranks], (ranks + 1) / n
 
 
-def _allocators_figure(summary: Mapping[str, Mapping[str, Any]], title: str) -> Figure:
-    fig, axes = _figure(1, 3, (12, 4.4))
+def _allocators_figure(summary: Mapping[str, Mapping[str, Any]], title: str,
+                       slo_ttft_p99_s: float | None) -> Figure:
+    """What decides between allocators on one trace: p99 TTFT (the latency a queue shows first),
+    the concurrency each reached and the KV memory each wasted. Throughput is left out on
+    purpose: below saturation it equals the arrival rate whatever the allocator."""
+    fig, axes = _figure(1, 3, (12, 4.8))
     names = list(summary)
-    panels = (
-        ("KV token-state share (%)", "% of pool, time-averaged",
-         lambda n: 100 * _summary_number(summary, n, "kv", "token_state"), "{:.1f}%"),
-        ("Max concurrency", "sequences in one step", lambda n: _summary_number(summary, n, "max_batch_size"),
-         "{:,.0f}"),
-        ("Throughput", "generated tokens / s", lambda n: _summary_number(summary, n, "throughput_tok_s"),
-         "{:,.0f}"),
-    )
-    for ax, (panel_title, ylabel, value_of, fmt) in zip(axes[0], panels):
+    ttft_ax, conc_ax, frag_ax = axes[0]
+    for ax, panel_title, ylabel in ((ttft_ax, "p99 TTFT (lower is better)", "time to first token"),
+                                    (conc_ax, "Max concurrency", "sequences in one step"),
+                                    (frag_ax, "KV fragmentation (time-averaged)", "% of the KV pool")):
         ax.set_title(panel_title, loc="left")
         ax.set_ylabel(ylabel)
         ax.grid(axis="x", visible=False)
         if not names:
             _say(ax, "no allocator in the summary")
             ax.set_xticks([])
-            continue
-        values = np.array([value_of(n) for n in names], dtype=np.float64)
-        heights = np.nan_to_num(values, nan=0.0)
-        bars = ax.bar(range(len(names)), heights, width=0.65,
-                      color=[_colour(n, names) for n in names])
-        ax.bar_label(bars, labels=[fmt.format(v) if math.isfinite(v) else "n/a" for v in values],
-                     padding=2, fontsize=9)
-        ax.set_xticks(range(len(names)), [n.replace("-", "-\n", 1) for n in names])
-        top = 100.0 if "%" in panel_title else float(heights.max())
-        ax.set_ylim(0, (top if top > 0 else 1.0) * 1.15)
+    if not names:
+        fig.suptitle(_suptitle(title, "Allocators compared"))
+        return fig
+    x = np.arange(len(names))
+    colours = [_colour(n, names) for n in names]
+    saturated = [_saturated(summary, n) for n in names]
+    # p99 TTFT: a log scale when allocators differ by orders of magnitude (a saturated one often does)
+    ttft_s = np.array([_summary_number(summary, n, "ttft_s", "p99") for n in names])
+    shown_s = ttft_s[np.isfinite(ttft_s) & (ttft_s > 0)]
+    if slo_ttft_p99_s is not None:
+        shown_s = np.append(shown_s, slo_ttft_p99_s)
+    per_s, unit = _time_unit(float(shown_s.max()) if len(shown_s) else 1.0)
+    ttft_ax.set_ylabel(f"time to first token ({unit})")
+    bars = ttft_ax.bar(x, np.nan_to_num(ttft_s * per_s, nan=0.0), width=0.65, color=colours,
+                       hatch=["///" if sat else "" for sat in saturated], edgecolor="white", linewidth=0)
+    ttft_ax.bar_label(bars, labels=[_seconds(v) if math.isfinite(v) else "n/a" for v in ttft_s],
+                      padding=2, fontsize=9)
+    if len(shown_s) and shown_s.max() / shown_s.min() > 30:
+        ttft_ax.set_yscale("log")
+        ttft_ax.set_ylim(shown_s.min() * per_s / 2.5, shown_s.max() * per_s * 4)
+        ttft_ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ttft_ax.yaxis.set_minor_formatter(NullFormatter())
+    else:
+        ttft_ax.set_ylim(0, (shown_s.max() * per_s if len(shown_s) else 1.0) * 1.18)
+    handles: list[Any] = []
+    if slo_ttft_p99_s is not None:
+        handles.append(ttft_ax.axhline(slo_ttft_p99_s * per_s, color=SLO_COLOUR, linestyle=SLO_STYLE,
+                                       linewidth=1.2, label=f"SLO: p99 TTFT ≤ {_seconds(slo_ttft_p99_s)}"))
+    if any(saturated):
+        handles.append(Patch(facecolor="#888888", hatch="///", edgecolor="white", linewidth=0,
+                             label="saturated: the queue grows through the run"))
+    # peak concurrency
+    conc = np.array([_summary_number(summary, n, "max_batch_size") for n in names])
+    bars = conc_ax.bar(x, np.nan_to_num(conc, nan=0.0), width=0.65, color=colours)
+    conc_ax.bar_label(bars, labels=[f"{v:,.0f}" if math.isfinite(v) else "n/a" for v in conc],
+                      padding=2, fontsize=9)
+    top = float(np.nanmax(conc)) if np.isfinite(conc).any() else 0.0
+    conc_ax.set_ylim(0, (top if top > 0 else 1.0) * 1.15)
+    # fragmentation: internal (reserved, never written) under external (free, unusable)
+    internal = 100 * np.array([_summary_number(summary, n, "kv", "internal_fragmentation") for n in names])
+    external = 100 * np.array([_summary_number(summary, n, "kv", "external_fragmentation") for n in names])
+    (_, _, internal_colour), (_, _, external_colour) = KV_LAYERS[2], KV_LAYERS[3]
+    frag_ax.bar(x, np.nan_to_num(internal, nan=0.0), width=0.65, color=internal_colour,
+                label="internal frag. (reserved, never written)")
+    bars = frag_ax.bar(x, np.nan_to_num(external, nan=0.0), width=0.65, color=external_colour,
+                       bottom=np.nan_to_num(internal, nan=0.0), label="external frag. (free, unusable)")
+    total = internal + external
+    frag_ax.bar_label(bars, labels=[f"{v:.1f}%" if math.isfinite(v) else "n/a" for v in total],
+                      padding=2, fontsize=9)
+    frag_ax.set_ylim(0, 100 * 1.12)
+    handles += frag_ax.get_legend_handles_labels()[0]
+    for ax in (ttft_ax, conc_ax, frag_ax):
+        ax.set_xticks(x, [n.replace("-", "-\n", 1) for n in names])
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False)
     fig.suptitle(_suptitle(title, "Allocators compared"))
     return fig
 
@@ -420,6 +495,11 @@ def _say(ax: Axes, text: str, centre: bool = True) -> None:
 
 def _suptitle(title: str, what: str) -> str:
     return f"{title} — {what}" if title else what
+
+
+def _saturated(summary: Mapping[str, Mapping[str, Any]], name: str) -> bool:
+    """The run's queue grew through the trace (``saturated`` in its summary; absent: no)."""
+    return bool(summary.get(name, {}).get("saturated", False))
 
 
 def _colour(name: str, names: Sequence[str]) -> str:
@@ -461,6 +541,13 @@ def _summary_number(summary: Mapping[str, Any], *path: str) -> float:
 
 def _pct(fraction: float) -> str:
     return "n/a" if not math.isfinite(fraction) else f"{100 * fraction:.0f}%"
+
+
+def _time_unit(largest_s: float) -> tuple[float, str]:
+    """(display units per second, unit name) for an axis whose largest value is ``largest_s``."""
+    if largest_s < 1.0:
+        return 1e3, "ms"
+    return (1.0, "s") if largest_s < 600 else (1 / 60, "min")
 
 
 def _seconds(value_s: float) -> str:

@@ -11,6 +11,8 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from simulator.outputs import replace_file
+
 
 def clean_json(value: Any) -> Any:
     """JSON has no NaN/inf: write null instead."""
@@ -24,15 +26,16 @@ def clean_json(value: Any) -> Any:
 
 
 def write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(clean_json(data), indent=2) + "\n")
-    tmp.replace(path)
+    """Write ``data`` (NaN/inf as null) to ``path`` atomically, through a temporary name no other
+    writer shares: a reader sees the old file or the new one, never half of one."""
+    with replace_file(path) as tmp:
+        tmp.write_text(json.dumps(clean_json(data), indent=2) + "\n", encoding="utf-8")
 
 
 def write_csv(path: Path, frame: pd.DataFrame) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    frame.to_csv(tmp, index=False, lineterminator="\n")
-    tmp.replace(path)
+    """Write ``frame`` (no index, ``\\n`` line ends) to ``path`` atomically, as :func:`write_json`."""
+    with replace_file(path) as tmp:
+        frame.to_csv(tmp, index=False, lineterminator="\n")
 
 
 def _ms(stats: dict[str, float | None], key: str) -> str:
@@ -57,6 +60,8 @@ def summary_table(summary: dict[str, dict[str, Any]], title: str) -> Table:
     row("TPOT p50 / p99 ms", lambda s: f"{_ms(s['tpot_s'], 'p50')} / {_ms(s['tpot_s'], 'p99')}")
     row("E2E p50 / p99 s", lambda s: "—" if s["e2e_s"]["p50"] is None
         else f"{s['e2e_s']['p50']:.2f} / {s['e2e_s']['p99']:.2f}")
+    if any("saturated" in s for s in summary.values()):
+        row("queue over the run", _queue_cell)
     row("batch mean / max", lambda s: f"{s['mean_batch_size']:.1f} / {s['max_batch_size']}")
     row("preemptions", lambda s: f"{s['num_preemptions']:,}")
     row("KV token state", lambda s: f"{s['kv']['token_state']:.1%}")
@@ -86,7 +91,28 @@ def print_summary(console: Console, summary: dict[str, dict[str, Any]], deployme
     policy = next(iter(summary.values()), {}).get("max_model_len_policy")
     if policy is not None:
         console.print(max_model_len_line(policy))
+    saturated = saturation_line(summary)
+    if saturated:
+        console.print(saturated, style="bold")
     console.print(f"results in {out_dir}/")
+
+
+def _queue_cell(s: dict[str, Any]) -> str:
+    if "saturated" not in s:
+        return "—"
+    growth = round(s["queue_growth_s_per_s"], 2) + 0.0  # + 0.0: no "-0.00"
+    return f"{'SATURATED' if s['saturated'] else 'stable'} {growth:+.2f} s/s"
+
+
+def saturation_line(summary: dict[str, dict[str, Any]]) -> str:
+    """One line naming the allocators whose queue grew through the run (simulator.saturation),
+    and what that means for the figures; "" when none did."""
+    names = [a for a, s in summary.items() if s.get("saturated")]
+    if not names:
+        return ""
+    who = "every allocator" if len(names) == len(summary) > 1 else ", ".join(names)
+    return (f"saturated ({who}): the queue grows through the run and latencies with it; "
+            "lower --rate or add GPUs")
 
 
 def max_model_len_line(policy: dict[str, Any]) -> str:

@@ -16,11 +16,17 @@ from simulator import metrics, report
 from simulator.deployment import Deployment, build_deployment
 from simulator.engine import SimResult, simulate
 from simulator.errors import KvplanError
+from simulator.outputs import default_out_dir, open_output
+from simulator.saturation import saturation
 from simulator.scenario import Scenario, canonical_allocator, load_scenario
 from workloads.clients import OPEN_LOOP, Clients
 from workloads.request import Request
 from workloads.spec import build_requests
 from workloads.synthetic import ModelLenFit, fit_to_max_model_len
+
+
+# What simulate wrote before its folders carried outputs.MARKER: such a folder may be replaced.
+SIMULATE_FILES = ("summary.json", "run.json", "requests.csv", "steps.csv")
 
 
 @dataclass
@@ -32,10 +38,22 @@ class AllocatorRun:
     summary: dict[str, Any]
 
 
+# A rate override (dotted key) -> the scenario keys it replaces (set to None, i.e. not given).
+RATE_KEY_REPLACES: dict[str, tuple[str, ...]] = {
+    "workload.rate": ("workload.rate_scale",),
+    "workload.rate_scale": ("workload.rate",),
+    "workload.arrival.rate": ("workload.rate",),
+}
+
+
 def scenario_overrides(*, rate: float | None = None, num_requests: int | None = None,
                        seed: int | None = None, allocators: list[str] | None = None,
                        extra: list[str] | None = None) -> dict[str, object]:
-    """CLI flags as dotted scenario keys (``--set key=value`` values are parsed as YAML scalars)."""
+    """CLI flags as dotted scenario keys (``--set key=value`` values are parsed as YAML scalars).
+
+    A rate given here (``--rate``, ``--set workload.rate=``, ``workload.rate_scale=`` or
+    ``workload.arrival.rate=``) replaces the scenario's: the keys it excludes
+    (:data:`RATE_KEY_REPLACES`) come back as None unless also given here."""
     out: dict[str, object] = {}
     if rate is not None:
         out["workload.rate"] = rate
@@ -50,7 +68,16 @@ def scenario_overrides(*, rate: float | None = None, num_requests: int | None = 
         if not sep or not key:
             raise KvplanError(f"--set expects KEY=VALUE, got '{item}'")
         out[key.strip()] = yaml.safe_load(value)
+    # The file's way of setting the rate gives way to the command line's: left in place, a file's
+    # rate_scale beside a CLI rate is refused ("give rate ... or rate_scale ..., not both"), and a file's
+    # rate would silently win over a CLI arrival.rate. Keys given on the command line together
+    # are the user's own conflict and stay for the scenario check to report.
+    cleared = {other for key, others in RATE_KEY_REPLACES.items() if key in out
+               for other in others if other not in out}
+    for other in sorted(cleared):
+        out[other] = None
     return out
+
 
 
 def load_requests(scenario: Scenario, base_dir: Path) -> list[Request]:
@@ -93,6 +120,7 @@ def run_allocator(dep: Deployment, allocator: str, requests: list[Request], *,
     req = metrics.requests_frame(result)
     steps = metrics.steps_frame(result)
     summary = metrics.summarize(result, req, steps, dep.capacity_tokens)
+    summary.update(saturation(result, req).as_dict())
     return AllocatorRun(allocator, result, req, steps, summary)
 
 
@@ -111,20 +139,22 @@ def run_simulate(path: str, *, out: str | None, overrides: dict[str, object], qu
     fit = load_workload(scenario, base_dir, dep.scheduler_config.max_model_len)
     requests = fit.requests
     clients = client_policy(scenario, len(requests))
-    out_dir = Path(out) if out else Path("runs") / scenario.name
-    out_dir.mkdir(parents=True, exist_ok=True)
-    progress = make_progress(quiet)
-    runs: list[AllocatorRun] = []
-    if progress is not None:
-        with progress:
-            runs = [run_allocator(dep, a, requests, clients=clients, progress=progress)
-                    for a in scenario.allocators]
-    else:
-        runs = [run_allocator(dep, a, requests, clients=clients) for a in scenario.allocators]
-    for r in runs:
-        r.summary["max_model_len_policy"] = fit.as_dict()
-    summary = {r.name: r.summary for r in runs}
-    write_outputs(out_dir, scenario, dep, runs, plots=plots)
+    out_dir = Path(out) if out else default_out_dir(scenario.name, where=path)
+    # Locked from here: a second run into out_dir is refused before it simulates anything, and
+    # the results replace the folder only once all of them are written (simulator/outputs.py).
+    with open_output(out_dir, command="simulate", recognised=SIMULATE_FILES) as folder:
+        progress = make_progress(quiet)
+        runs: list[AllocatorRun] = []
+        if progress is not None:
+            with progress:
+                runs = [run_allocator(dep, a, requests, clients=clients, progress=progress)
+                        for a in scenario.allocators]
+        else:
+            runs = [run_allocator(dep, a, requests, clients=clients) for a in scenario.allocators]
+        for r in runs:
+            r.summary["max_model_len_policy"] = fit.as_dict()
+        summary = {r.name: r.summary for r in runs}
+        write_outputs(folder.staging, scenario, dep, runs, plots=plots)
     if not quiet:
         console = Console() if sys.stdout.isatty() else Console(width=120)  # pipes: no 80-col wrap
         report.print_summary(console, summary, dep.describe(), scenario.name, out_dir)
@@ -133,6 +163,8 @@ def run_simulate(path: str, *, out: str | None, overrides: dict[str, object], qu
 
 def write_outputs(out_dir: Path, scenario: Scenario, dep: Deployment, runs: list[AllocatorRun],
                   *, plots: bool) -> None:
+    """Write summary.json, run.json, requests.csv, steps.csv and the plots into ``out_dir``
+    (a staging folder of :func:`simulator.outputs.open_output`: nobody else writes there)."""
     summary = {r.name: r.summary for r in runs}
     requests = pd.concat([r.requests.assign(allocator=r.name) for r in runs], ignore_index=True)
     steps = pd.concat([r.steps.assign(allocator=r.name) for r in runs], ignore_index=True)
@@ -149,4 +181,8 @@ def write_outputs(out_dir: Path, scenario: Scenario, dep: Deployment, runs: list
     if plots:
         from simulator.plots import write_plots
 
-        write_plots(out_dir, steps, requests, summary, title=f"{scenario.name}: {dep.model.name} on {dep.gpu.name}")
+        slo = scenario.slo
+        write_plots(out_dir, steps, requests, summary,
+                    title=f"{scenario.name}: {dep.model.name} on {dep.gpu.name}",
+                    slo_ttft_p99_s=slo.ttft_p99_s if slo else None,
+                    slo_tpot_p99_s=slo.tpot_p99_s if slo else None)

@@ -23,8 +23,12 @@
     latency: {model: roofline}     # or {model: profile, profile: profiles/h100-llama-3.1-8b.yaml}
     workload: {trace: bundled:azure-conv}
     slo: {ttft_p99_s: 2.0, tpot_p99_s: 0.1}
+    allow_refused: false           # true: simulate a deployment vLLM would refuse to start
 
-Unknown keys are errors that suggest the near name; values are type- and range-checked.
+Unknown keys are errors that suggest the near name; values are type- and range-checked (a YAML
+boolean where a number belongs is an error, not 1 or 0). A deployment vLLM would refuse to start
+(simulator/refusals.py) is an error that says why and what would make it start, unless
+``allow_refused: true`` (``--set allow_refused=true`` on simulate and capacity).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from simulator.errors import KvplanError, did_you_mean
 from simulator.kv.quantization import canonical_quantization
 from simulator.yamlfile import read_yaml
-from workloads.spec import WorkloadSpec, format_validation_error
+from workloads.spec import WorkloadSpec, format_validation_error, no_bool_for_number
 
 ALLOCATORS: tuple[str, ...] = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
 ALLOCATOR_ALIASES = {"max": "contiguous-max", "pow2": "contiguous-pow2", "oracle": "contiguous-oracle"}
@@ -54,6 +58,11 @@ def canonical_allocator(name: str) -> str:
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, data: object) -> object:
+        return no_bool_for_number(cls, data)
 
 
 class LatencySpec(_Spec):
@@ -118,6 +127,9 @@ class Scenario(_Spec):
     slo: SLOSpec | None = None
     # knob -> values, read by `kvplan capacity`; `simulate` runs the scenario as written
     sweep: dict[str, list[Any]] | None = None
+    # simulate a deployment vLLM would refuse to start (simulator/refusals.py): the refusal
+    # becomes a warning and a note in run.json instead of an error
+    allow_refused: bool = False
 
     @field_validator("quantization")
     @classmethod

@@ -46,7 +46,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from simulator.errors import KvplanError, did_you_mean
+from simulator.errors import KvplanError, did_you_mean, warn_user
 from workloads import synthetic
 from workloads.clients import Clients
 from workloads.loaders import MAX_TOKENS, TraceFormat, bundled_trace_path, load_trace
@@ -59,8 +59,37 @@ PositiveReal = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeReal = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
+class BoolForNumber(ValueError):
+    """A YAML boolean where a number is expected; ``key`` names the field."""
+
+    def __init__(self, key: str, value: bool) -> None:
+        super().__init__(f"expected a number, got {str(value).lower()} (a YAML boolean)")
+        self.key = key
+
+
+def no_bool_for_number(model: type[BaseModel], data: object) -> object:
+    """``data`` (a mapping about to be validated as ``model``) unchanged, unless it gives a
+    boolean for a number: pydantic would read YAML's ``true`` as 1 (``block_size: true`` -> 1),
+    so that is a ValueError naming the key instead."""
+    if not isinstance(data, dict):
+        return data
+    for key, value in data.items():
+        field = model.model_fields.get(key) if isinstance(key, str) else None
+        if field is None or not isinstance(value, bool):
+            continue
+        kinds = _members(field.annotation)
+        if bool not in kinds and any(kind in (int, float) for kind in kinds):
+            raise BoolForNumber(key, value)
+    return data
+
+
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, data: object) -> object:
+        return no_bool_for_number(cls, data)
 
 
 class _Clipped(_Spec):
@@ -264,7 +293,9 @@ class WorkloadSpec(_Spec):
     @model_validator(mode="after")
     def _consistent(self) -> WorkloadSpec:
         if self.rate is not None and self.rate_scale is not None:
-            raise ValueError("give rate or rate_scale, not both")
+            # Two ways to say one thing; a rate on the command line replaces the file's rate_scale
+            # (simulator.run.scenario_overrides), so both here means both were written together.
+            raise ValueError("give rate (mean req/s) or rate_scale (× the workload's own rate), not both")
         self._check_clients()
         if self.trace is not None:
             for key in _SYNTHETIC_KEYS:
@@ -326,6 +357,8 @@ def resolve_trace_path(trace: str, base_dir: Path) -> Path:
         return bundled_trace_path(trace.removeprefix("bundled:"))
     path = Path(trace).expanduser()
     path = path if path.is_absolute() else base_dir / path
+    if path.is_dir():
+        raise KvplanError(f"trace '{trace}' is a directory ({path}), not a trace file")
     if not path.is_file():
         raise KvplanError(f"trace file '{trace}' not found (looked for {path})")
     return path
@@ -419,11 +452,26 @@ def shape_trace(requests: Sequence[Request], spec: WorkloadSpec) -> list[Request
     if untimed:
         requests = synthetic.untimed(requests)
     requests = list(requests)
+    if num is not None and len(requests) < num:
+        warn_fewer_requests(num, len(requests), spec)
     if spec.n != 1 or spec.beam_width != 1:
         requests = [Request(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens, spec.n,
                             spec.beam_width, r.prefix_ids, r.prefix_block_tokens)
                     for r in requests]
     return requests
+
+
+def warn_fewer_requests(asked: int, found: int, spec: WorkloadSpec) -> None:
+    """Say that the trace holds fewer requests than asked for, so the run simulates fewer: a
+    run quietly shorter than asked would be measured as if it were what was asked."""
+    window = ""
+    if spec.start_s is not None or spec.duration_s is not None:
+        start = spec.start_s or 0.0
+        end = "the end" if spec.duration_s is None else f"{start + spec.duration_s:g} s"
+        window = f" between {start:g} s and {end}"
+    asked_as = "num_requests" if spec.num_requests is not None else "requests_per_client × concurrency"
+    warn_user(f"workload: {asked_as} asks for {asked:,} requests, but the trace has only"
+              f" {found:,}{window}: running {found:,}")
 
 
 def build_requests(spec: WorkloadSpec, *, seed: int, base_dir: Path) -> list[Request]:
@@ -524,6 +572,9 @@ def format_validation_error(
     """
     first = err.errors()[0]
     shown, owner = _walk_loc(model, first["loc"])
+    cause = first.get("ctx", {}).get("error")
+    if isinstance(cause, BoolForNumber):  # raised for the whole mapping: name the key
+        shown = [*shown, cause.key]
     path = _dotted([*loc_prefix, *shown])
     kind, message, ctx = first["type"], first["msg"], first.get("ctx", {})
     given = first.get("input")

@@ -8,6 +8,15 @@ Examples::
     kvplan capacity scenarios/chat.yaml --allocator paged --sweep block_size=8,16,32 --seeds 1
     kvplan capacity scenarios/capacity-chat.yaml --executor ray --address auto --no-plots
     kvplan capacity scenarios/closed-loop.yaml --search concurrency     # + pareto.png/pareto.csv
+
+Exit status: 0 when every sweep point was searched; :data:`EXIT_POINTS_FAILED` (3) when some
+points could not be (their rows say why; the table and files are still written); 2 for bad input,
+including every point failing; 130 after Ctrl-C, which stops the worker processes at once, prints
+what had finished and where the probe cache is (the same command resumes from it), and writes no
+table.
+
+The printed table fits the terminal: knobs that take one value go to the title, and the least
+important columns are left out (and named) until the rest fits; ``capacity.csv`` has them all.
 """
 
 from __future__ import annotations
@@ -26,12 +35,11 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from simulator.capacity import plots
-from simulator.capacity.executors import EXECUTORS, make_executor
+from simulator.capacity.executors import EXECUTORS, Executor, make_executor
 from simulator.capacity.pareto import ParetoPoint, pareto_points, write_pareto_csv
-from simulator.capacity.search import SEARCHES, SearchResult, SearchTask, run_search
+from simulator.capacity.search import SEARCHES, SearchResult, SearchTask, remove_partial_writes, run_search
 from simulator.capacity.sweep import (
     csv_cell,
     CONCURRENCY_ONLY_FIELDS,
@@ -49,12 +57,18 @@ from simulator.capacity.sweep import (
     start_rate_req_s,
     summarize_searches,
 )
+from simulator.capacity.table import print_table
 from simulator.errors import KvplanError
+from simulator.outputs import default_out_dir, open_output
 from simulator.run import scenario_overrides
 from simulator.scenario import Scenario
 from workloads.spec import parse_workload
 
+CACHE_DIR = "cache"  # the probe cache under --out: kept across re-runs (simulator/outputs.py)
+# What capacity wrote before its folders carried outputs.MARKER: such a folder may be replaced.
+CAPACITY_FILES = ("capacity.csv", "capacity.json", CACHE_DIR)
 ROW_FIELDS = tuple(f.name for f in dataclasses.fields(CapacityRow) if f.name not in ("knobs", "point_index"))
+EXIT_POINTS_FAILED = 3  # some sweep points failed (a typo, weights that do not fit); the others ran
 
 
 def add_parser(subparsers: Any) -> None:
@@ -67,6 +81,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--allocator", action="append", metavar="NAME", help="only this allocator (repeatable)")
     p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
                    help="sweep a scenario knob (repeatable; crossed with the file's sweep:)")
+    p.add_argument("--no-sweep", action="store_true",
+                   help="ignore the file's sweep: section (only --sweep knobs vary): one point without them")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set workload.num_requests=500")
     p.add_argument("--seeds", type=int, default=3, help="seeds per point for synthetic workloads (default 3)")
@@ -94,13 +110,18 @@ def run(args: argparse.Namespace) -> int:
         raise KvplanError(f"--tolerance must be in (0, 1], got {args.tolerance}")
     if args.start_rate is not None and not (args.start_rate > 0 and math.isfinite(args.start_rate)):
         raise KvplanError(f"--start-rate must be a positive number, got {args.start_rate}")
-    run_capacity(
+    report = run_capacity(
         args.scenario, allocators=args.allocator, sweeps=args.sweep, overrides=args.set,
         num_seeds=args.seeds, tolerance=args.tolerance, start_rate=args.start_rate,
         executor=args.executor, address=args.address, jobs=args.jobs, prices=args.price, out=args.out,
         plots_on=not args.no_plots, use_cache=not args.no_cache, quiet=args.quiet, search=args.search,
+        file_sweep=not args.no_sweep,
     )
-    return 0
+    failed = sum(1 for r in report.rows if r.status == "failed")
+    if failed and not args.quiet:
+        print(f"kvplan: capacity: {failed} of {len({r.point_index for r in report.rows})} sweep points "
+              f"failed, the others were searched (exit status {report.exit_code})", file=sys.stderr)
+    return report.exit_code
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -114,60 +135,120 @@ class CapacityReport:
     notes: list[str]
     pareto: list[ParetoPoint] = dataclasses.field(default_factory=list)
 
+    @property
+    def exit_code(self) -> int:
+        """0, or :data:`EXIT_POINTS_FAILED` when a sweep point could not be searched."""
+        return EXIT_POINTS_FAILED if any(r.status == "failed" for r in self.rows) else 0
+
 
 def run_capacity(path: str, *, allocators: Sequence[str] | None = None, sweeps: Sequence[str] = (),
                  overrides: Sequence[str] = (), num_seeds: int = 3, tolerance: float = 0.05,
                  start_rate: float | None = None, executor: str = "process", address: str | None = None,
                  jobs: int | None = None, prices: Sequence[str] = (), out: str | None = None,
                  plots_on: bool = True, use_cache: bool = True, quiet: bool = False,
-                 search: str = "rate") -> CapacityReport:
+                 search: str = "rate", file_sweep: bool = True) -> CapacityReport:
     """Search every (point, allocator, seed), write ``capacity.csv``/``capacity.json``/plots
-    (and ``pareto.csv`` for ``search="concurrency"``).
+    (and ``pareto.csv`` for ``search="concurrency"``). ``file_sweep`` False: the file's
+    ``sweep:`` is ignored, only ``sweeps`` vary.
 
     Every input is checked before any simulation starts. A point that cannot be deployed is a
-    ``failed`` row; if no point can be, KvplanError (after the CSV is written).
+    ``failed`` row; if no point can be, KvplanError (after the CSV is written). Ctrl-C
+    (KeyboardInterrupt) stops the searches, says what finished and propagates.
     """
     file = read_capacity_scenario(path, scenario_overrides(allocators=list(allocators or []),
                                                            extra=list(overrides)))
-    sweep = dict(file.sweep)
+    sweep = dict(file.sweep) if file_sweep else {}
     sweep.update(parse_sweep_arg(s) for s in sweeps)
     file = dataclasses.replace(file, sweep=sweep)
     price_overrides = dict(parse_price_arg(p) for p in prices)
     pool = make_executor(executor, jobs=jobs, address=address)
-    out_dir = Path(out) if out else Path("runs") / f"{file.data['name']}-capacity"
-    cache_dir = out_dir / "cache" if use_cache else None
+    out_dir = Path(out) if out else default_out_dir(file.data["name"], suffix="-capacity", where=path)
+    cache_dir = out_dir / CACHE_DIR if use_cache else None
     points = resolve_points(file)
     if search not in SEARCHES:
         raise KvplanError(f"unknown --search '{search}' (known: {', '.join(SEARCHES)})")
     tasks, notes = _tasks(points, file.base_dir, num_seeds, tolerance, start_rate, plots_on, cache_dir,
                           search)
-    started = time.perf_counter()
-    progress = _progress(quiet)
-    if progress is None:
-        results = pool.run(run_search, tasks)
-    else:
-        with progress:
-            bar = progress.add_task("searches", total=len(tasks))
-            results = pool.run(run_search, tasks, lambda i, r: progress.advance(bar))
-    rows = _rows(points, results, price_overrides, notes, search)
-    curve = pareto_points(points, results)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_csv(out_dir / "capacity.csv", rows, search)
-    _write_json(out_dir / "capacity.json", rows, results, notes, curve)
-    if search == "concurrency":
-        write_pareto_csv(out_dir / "pareto.csv", curve)
-    if plots_on:
-        _write_plots(out_dir / "plots", points, rows, results, curve)
+    # Locked from here: a second run into out_dir is refused. The results replace the folder once
+    # all are written; the probe cache stays in place (it lets an interrupted sweep resume).
+    with open_output(out_dir, command="capacity", keep=(CACHE_DIR,), recognised=CAPACITY_FILES) as folder:
+        if cache_dir is not None:
+            remove_partial_writes(cache_dir)  # the lock is ours: any partial write is a dead run's
+        started = time.perf_counter()
+        finished: dict[int, SearchResult] = {}
+        try:
+            results = _run_searches(pool, tasks, finished, quiet)
+        except KeyboardInterrupt:
+            _say_interrupted(points, tasks, finished, price_overrides, notes, search, cache_dir,
+                             time.perf_counter() - started, quiet)
+            raise
+        rows = _rows(points, results, price_overrides, notes, search)
+        curve = pareto_points(points, results)
+        write_csv(folder.staging / "capacity.csv", rows, search)
+        _write_json(folder.staging / "capacity.json", rows, results, notes, curve)
+        if search == "concurrency":
+            write_pareto_csv(folder.staging / "pareto.csv", curve)
+        if plots_on:
+            _write_plots(folder.staging / "plots", points, rows, results, curve)
     if not quiet:
-        # A wide table when redirected to a file: rich would otherwise cut it to 80 columns.
-        console = Console() if sys.stdout.isatty() else Console(width=250)
-        print_table(console, rows, notes, out_dir, time.perf_counter() - started, search)
+        print_table(_console(), rows, notes, out_dir, time.perf_counter() - started, search)
     if not any(p.error is None for p in points):
         first = points[0].error or ""
         if len(points) == 1:
             raise KvplanError(first)
         raise KvplanError(f"every sweep point failed (see {out_dir / 'capacity.csv'}); first: {first}")
     return CapacityReport(out_dir, rows, results, sorted(set(notes.values())), curve)
+
+
+def _run_searches(pool: Executor, tasks: list[SearchTask], finished: dict[int, SearchResult],
+                  quiet: bool) -> list[SearchResult]:
+    """Run every search on ``pool`` (with a progress bar on a terminal); ``finished`` collects
+    each result as it arrives, so that an interrupted run can say what it had done."""
+    progress = _progress(quiet)
+    if progress is None:
+        return pool.run(run_search, tasks, finished.__setitem__)
+    with progress:
+        bar = progress.add_task("searches", total=len(tasks))
+
+        def done(i: int, result: SearchResult) -> None:
+            finished[i] = result
+            progress.advance(bar)
+
+        return pool.run(run_search, tasks, done)
+
+
+def _say_interrupted(points: list[SweepPoint], tasks: list[SearchTask], finished: dict[int, SearchResult],
+                     prices: dict[str, float], notes: dict[int, str], search: str, cache_dir: Path | None,
+                     elapsed_s: float, quiet: bool) -> None:
+    """After Ctrl-C: the rows whose searches had all finished (printed, not written), how many
+    searches finished and where the cache that resumes the rest is (stderr)."""
+    needed: dict[tuple[int, str], int] = {}
+    for task in tasks:
+        needed[task.point_index, task.allocator] = needed.get((task.point_index, task.allocator), 0) + 1
+    got: dict[tuple[int, str], list[SearchResult]] = {}
+    for i in sorted(finished):
+        got.setdefault((finished[i].point_index, finished[i].allocator), []).append(finished[i])
+    complete = {key for key, results in got.items() if len(results) == needed[key]}
+    if complete and not quiet:
+        rows = [summarize_searches(point, allocator, got[point.index, allocator],
+                                   gpu_price(point.deployment, prices), notes.get(point.index))
+                for point in points if point.deployment is not None
+                for allocator in (point.scenario.allocators if point.scenario else [])
+                if (point.index, allocator) in complete]
+        print_table(_console(), rows, notes, None, elapsed_s, search,
+                    title="finished before the interrupt (not written)")
+    if cache_dir is None:
+        where = "nothing was cached (--no-cache): the same command starts over"
+    else:
+        num_probes = sum(1 for _ in cache_dir.glob("*.json"))
+        where = (f"{num_probes} probes are cached in {cache_dir}: the same command resumes from them")
+    print(f"kvplan: capacity interrupted after {elapsed_s:.1f} s: {len(finished)} of {len(tasks)} searches "
+          f"finished; {where}", file=sys.stderr, flush=True)
+
+
+def _console() -> Console:
+    """A terminal's own width; a wide table when redirected to a file (a file has no width)."""
+    return Console() if sys.stdout.isatty() else Console(width=250)
 
 
 def _tasks(points: list[SweepPoint], base_dir: Path, num_seeds: int, tolerance: float,
@@ -302,58 +383,3 @@ def _write_plots(plot_dir: Path, points: list[SweepPoint], rows: list[CapacityRo
                            if p.deployment is not None and any(c.point_index == p.index for c in curve))
     plots.plot_pareto(plot_dir / "pareto.png", curve, "; ".join(setups))
 
-
-def _num(value: float | None, fmt: str = ".3g") -> str:
-    return "-" if value is None else format(value, fmt)
-
-
-def print_table(console: Console, rows: Sequence[CapacityRow], notes: dict[int, str], out_dir: Path,
-                elapsed_s: float, search: str = "rate") -> None:
-    """The capacity table, one line per (point, allocator); failures and caveats under it. A
-    concurrency search shows the clients and the tokens/s per GPU and per user instead of the
-    rate's bracket."""
-    knobs = list(dict.fromkeys(k for r in rows for k in r.knobs if k != "allocators"))
-    by_clients = search == "concurrency"
-    if by_clients:
-        title = "max closed-loop concurrency under the SLO"
-        names = ("concurrency", "range", "req/s", "out tok/s", "tok/s/user", "goodput", "TTFT p99",
-                 "TPOT p99", "KV tokens", "max conc. (limit)", "tok/s/GPU", "$/M tok")
-    else:
-        title = "max sustainable rate under the SLO"
-        names = ("req/s", "range", "out tok/s", "goodput", "TTFT p99", "TPOT p99", "KV tokens",
-                 "max conc. (limit)", "req/s/GPU", "$/M tok")
-    table = Table(title=title, title_justify="left")
-    for name in (*knobs, "allocator", *names):
-        table.add_column(name, justify="left" if name in (*knobs, "allocator") else "right", no_wrap=True)
-    remarks = []
-    for r in rows:
-        cells = [csv_cell(r.knobs.get(k)) for k in knobs] + [r.allocator]
-        if r.status != "ok":  # failed, slo-unmet, unbounded: say why under the table
-            who = f"point {r.point_index}" + (f" {r.allocator}" if r.allocator else "")
-            remarks.append(f"{who} {r.status}: {r.message}")
-        if r.status in ("failed", "slo-unmet"):
-            table.add_row(*cells, f"[red]{r.status}[/]", *[""] * (len(names) - 1))
-            continue
-        common = (_num(r.throughput_tok_s, ",.0f"),)
-        if by_clients:
-            high = "∞" if r.clients_ci_high is None else str(r.clients_ci_high)
-            table.add_row(*cells, _num(r.max_clients, ".4g"), f"[{r.clients_ci_low}, {high}]",
-                          _num(r.max_rate_req_s, ".4g"), *common, _num(r.tok_s_per_user, ".4g"),
-                          _num(r.goodput_req_s), _num(r.ttft_p99_s), _num(r.tpot_p99_s),
-                          _num(r.kv_capacity_tokens, ",d"), f"{r.max_concurrency} ({r.limited_by})",
-                          _num(r.tok_s_per_gpu, ",.0f"), _num(r.usd_per_m_output_tokens, ".3f"))
-            continue
-        high = "∞" if r.rate_ci_high_req_s is None else _num(r.rate_ci_high_req_s, ".4g")
-        table.add_row(*cells, _num(r.max_rate_req_s, ".4g"), f"[{_num(r.rate_ci_low_req_s, '.4g')}, {high}]",
-                      *common, _num(r.goodput_req_s), _num(r.ttft_p99_s),
-                      _num(r.tpot_p99_s), _num(r.kv_capacity_tokens, ",d"),
-                      f"{r.max_concurrency} ({r.limited_by})", _num(r.rate_per_gpu_req_s),
-                      _num(r.usd_per_m_output_tokens, ".3f"))
-    console.print(table)
-    for line in remarks:
-        console.print(line, markup=False)
-    for note in sorted(set(notes.values())):
-        console.print(f"note: {note}", markup=False)
-    extra = ", pareto.csv" if by_clients else ""
-    console.print(f"wrote {out_dir / 'capacity.csv'}{extra} and capacity.json ({elapsed_s:.1f} s)",
-                  markup=False)

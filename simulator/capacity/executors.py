@@ -8,10 +8,18 @@ is called in the caller's process as tasks finish, for progress bars.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
+import contextlib
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+import pickle
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from typing import Any, Protocol, TypeVar
 
 import simulator
@@ -23,6 +31,7 @@ R = TypeVar("R")
 OnDone = Callable[[int, Any], None]
 RAY_MISSING = "ray executor needs: pip install 'kvplan[ray]'"
 EXECUTORS = ("process", "ray")
+_SPAWN = multiprocessing.get_context("spawn")
 
 
 class Executor(Protocol):
@@ -43,8 +52,24 @@ class SerialExecutor:
         return results
 
 
+TERMINATE_GRACE_S = 1.0  # after SIGTERM, a worker has this long to clean up before SIGKILL
+
+
 class ProcessExecutor:
-    """A ``concurrent.futures`` process pool of ``jobs`` workers.
+    """A pool of ``jobs`` worker processes, each given one task at a time over its own pipe.
+
+    Stopping is this pool's job, not the workers': ``concurrent.futures`` waits for running tasks
+    when it shuts down (a search may run for minutes, so Ctrl-C took that long) and a second
+    Ctrl-C then hangs in its thread joins. Here:
+
+    * workers are started with SIGINT ignored — Ctrl-C reaches the whole foreground process
+      group, and only this process may act on it;
+    * whatever ends a run early here (Ctrl-C, a failed task, a dead worker) first stops every
+      worker — SIGTERM, which a worker turns into SystemExit so that its ``finally`` blocks run
+      (a half-written cache file is removed), then SIGKILL after :data:`TERMINATE_GRACE_S` —
+      and then propagates; a second Ctrl-C while stopping skips the grace;
+    * a worker that dies (killed, out of memory) is a clear error, never a wait for a result
+      that cannot come.
 
     Workers are *spawned*, not forked: the parent may run a progress-bar thread, and forking a
     threaded process can deadlock. Each worker imports the simulator once and serves many tasks.
@@ -59,19 +84,164 @@ class ProcessExecutor:
         if not tasks:
             return []
         results: list[Any] = [None] * len(tasks)
-        workers = min(self.jobs, len(tasks))
-        with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
-            try:
-                for future in cf.as_completed(futures):
-                    i = futures[future]
-                    results[i] = future.result()
-                    if on_done is not None:
-                        on_done(i, results[i])
-            except BaseException:  # a failed task or Ctrl-C: do not start what is still queued
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
+        queue = list(enumerate(tasks))[::-1]  # popped from the end: task order
+        workers: list[_Worker] = []
+        finished = False
+        try:
+            with _sigint_ignored():  # an ignored signal stays ignored through exec: see _serve
+                workers = [_Worker.start(fn) for _ in range(min(self.jobs, len(tasks)))]
+            for worker in workers:
+                worker.give(queue)
+            for _ in range(len(tasks)):
+                i, result = _next_result(workers, queue)
+                results[i] = result
+                if on_done is not None:
+                    on_done(i, result)
+            finished = True
+        finally:
+            _stop(workers, graceful=finished)
         return results
+
+
+@dataclass(slots=True)
+class _Worker:
+    """One worker process, its end of the pipe, and the index of the task it runs (None: idle)."""
+
+    process: BaseProcess
+    conn: Connection
+    task_index: int | None = None
+
+    @classmethod
+    def start(cls, fn: Callable[[Any], Any]) -> _Worker:
+        ours, theirs = _SPAWN.Pipe()
+        process = _SPAWN.Process(target=_serve, args=(theirs, fn), daemon=True, name="kvplan-worker")
+        process.start()
+        theirs.close()  # the worker holds its own copy; closing ours lets a dead worker read as EOF
+        return cls(process, ours)
+
+    def give(self, queue: list[tuple[int, Any]]) -> None:
+        """Send the next queued task (none left: stay idle)."""
+        self.task_index = None
+        if queue:
+            self.task_index, task = queue.pop()
+            self.conn.send((self.task_index, task))
+
+
+def _next_result(workers: list[_Worker], queue: list[tuple[int, Any]]) -> tuple[int, Any]:
+    """Wait for a busy worker to answer; give it the next task; return ``(index, result)``.
+    A task's exception is raised here; so is a KvplanError when a worker died."""
+    busy = [w for w in workers if w.task_index is not None]
+    assert busy, "a result is awaited, so some worker has a task"
+    ready = wait([w.conn for w in busy] + [w.process.sentinel for w in busy])
+    # Results first: a worker may have answered and then exited.
+    worker = next((w for w in busy if w.conn in ready), None)
+    if worker is None:
+        dead = next(w for w in busy if w.process.sentinel in ready)
+        dead.process.join()
+        raise KvplanError(f"a worker process died ({_exit_reason(dead.process.exitcode)}) while running "
+                          f"task {dead.task_index}; out of memory? try fewer --jobs")
+    try:
+        index, ok, payload = worker.conn.recv()
+    except EOFError:
+        worker.process.join()
+        raise KvplanError(f"a worker process died ({_exit_reason(worker.process.exitcode)}) while "
+                          f"running task {worker.task_index}") from None
+    assert index == worker.task_index, (index, worker.task_index)
+    if not ok:
+        error, remote_traceback = payload
+        raise error from _RemoteTraceback(remote_traceback)
+    worker.give(queue)
+    return index, payload
+
+
+def _stop(workers: list[_Worker], *, graceful: bool) -> None:
+    """End every worker: idle ones are asked to exit (``graceful``), the others get SIGTERM, and
+    any left after :data:`TERMINATE_GRACE_S` (or at a second Ctrl-C) get SIGKILL."""
+    for w in workers:
+        if graceful and w.task_index is None:
+            try:
+                w.conn.send(None)
+            except OSError:
+                w.process.terminate()  # already gone, or its pipe broken: make sure
+        else:
+            w.process.terminate()
+    deadline = time.monotonic() + TERMINATE_GRACE_S
+    try:
+        for w in workers:
+            w.process.join(max(0.0, deadline - time.monotonic()))
+    finally:  # also on a second Ctrl-C during the joins
+        for w in workers:
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join()
+            w.conn.close()
+
+
+def _serve(conn: Connection, fn: Callable[[Any], Any]) -> None:
+    """A worker's loop: receive ``(index, task)``, send back ``(index, True, fn(task))`` or
+    ``(index, False, (exception, traceback text))``; ``None`` or a closed pipe ends it.
+
+    SIGINT is already ignored (inherited; set again here for a worker started outside the main
+    thread); SIGTERM raises SystemExit, so ``finally`` blocks (cache writes) run on the way out."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    while True:
+        try:
+            item = conn.recv()
+        except EOFError:
+            return
+        if item is None:
+            return
+        index, task = item
+        try:
+            conn.send((index, True, fn(task)))
+        except Exception as err:  # sent back, and raised in the parent
+            conn.send((index, False, (_picklable(err), traceback.format_exc())))
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _picklable(err: Exception) -> Exception:
+    """``err`` if it survives pickling, else a RuntimeError with its type and message."""
+    try:
+        pickle.loads(pickle.dumps(err))
+    except Exception:  # any failure to round-trip: an unpicklable attribute, a custom __reduce__
+        return RuntimeError(f"{type(err).__name__}: {err}")
+    return err
+
+
+class _RemoteTraceback(Exception):
+    """The worker's traceback, chained as the cause of a task's exception (as concurrent.futures
+    does), so that a bug in a task is found where it happened."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+
+    def __str__(self) -> str:
+        return f"\n\"\"\"\n{self.args[0]}\"\"\""
+
+
+def _exit_reason(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        return f"killed by {signal.Signals(-exitcode).name}"
+    return f"exit code {exitcode}"
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ignore SIGINT while worker processes start, so that they inherit it ignored (a Ctrl-C in
+    those few milliseconds is lost). Only the main thread may set handlers; elsewhere this does
+    nothing and the workers ignore SIGINT from their first line."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def import_ray() -> Any:
@@ -117,12 +287,17 @@ class RayExecutor:
             index = {ref: i for i, ref in enumerate(refs)}
             results: list[Any] = [None] * len(tasks)
             pending = list(refs)
-            while pending:
-                done, pending = ray.wait(pending, num_returns=1)
-                i = index[done[0]]
-                results[i] = ray.get(done[0])
-                if on_done is not None:
-                    on_done(i, results[i])
+            try:
+                while pending:
+                    done, pending = ray.wait(pending, num_returns=1)
+                    i = index[done[0]]
+                    results[i] = ray.get(done[0])
+                    if on_done is not None:
+                        on_done(i, results[i])
+            except BaseException:  # a failed task or Ctrl-C: stop what still runs or waits
+                for ref in pending:
+                    ray.cancel(ref, force=True)
+                raise
             return results
         finally:
             if started:

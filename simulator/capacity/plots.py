@@ -2,14 +2,16 @@
 
 * ``points/NNN.png`` per sweep point: throughput, p99 TTFT, p99 TPOT and KV utilization against
   the request rate, from the search's probes, one curve per allocator (its first seed; other
-  seeds as dots), the SLO bounds as horizontal lines and each allocator's answer as a vertical one;
+  seeds as dots), the SLO bounds as horizontal lines and each allocator's answer as a vertical one,
+  a legend under the panels naming each kind of line;
 * ``capacity_vs_block_size.png`` (when ``block_size`` is swept) and ``capacity_per_dollar.png``
   (when ``gpu`` is swept): one panel per combination of the other knobs;
 * ``pareto.png`` (``--search concurrency``): output tokens/s per GPU against output tokens/s per
   user over 1, 2, 4, ... closed-loop clients, a line per point and allocator, the Pareto
   frontier across all of them (:mod:`simulator.capacity.pareto`).
 
-Figures are :class:`matplotlib.figure.Figure` objects rendered by Agg, never pyplot (nothing
+Legends sit under or beside the panels, never over the data. Figures are
+:class:`matplotlib.figure.Figure` objects rendered by Agg, never pyplot (nothing
 global, no leak), and saved without the "Software" PNG key, so the same data gives the same bytes.
 """
 
@@ -23,6 +25,8 @@ from typing import Any
 import matplotlib as mpl
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from simulator.capacity.pareto import ParetoPoint
 from simulator.capacity.search import Probe, SearchResult
@@ -40,6 +44,7 @@ _COLOURS = {"paged": "#0072B2", "contiguous-max": "#D55E00", "contiguous-pow2": 
             "contiguous-oracle": "#009E73"}
 _OTHER = ("#CC79A7", "#56B4E9", "#000000", "#999999")
 _STYLES = ("-", "--", "-.", ":")
+SLO_COLOUR = "#CC0000"
 
 
 def _colour(allocator: str, i: int) -> str:
@@ -55,7 +60,8 @@ def _save(fig: Figure, path: Path) -> Path:
 # --- per point: metrics vs rate -------------------------------------------------------------
 
 _PANELS: tuple[tuple[str, str, Callable[[Probe], float | None]], ...] = (
-    ("throughput (output tok/s)", "throughput", lambda p: p.throughput_tok_s),
+    # served, not counted at arrival: past capacity the curve flattens (search.py, served_tok_s)
+    ("throughput (output tok/s served)", "throughput", lambda p: p.served_tok_s),
     ("p99 TTFT (s)", "ttft", lambda p: p.ttft_p99_s),
     ("p99 TPOT (s)", "tpot", lambda p: p.tpot_p99_s),
     ("KV pool allocated (time-avg share)", "kv", lambda p: p.kv_used_mean),
@@ -63,31 +69,68 @@ _PANELS: tuple[tuple[str, str, Callable[[Probe], float | None]], ...] = (
 
 
 def plot_point(path: Path, title: str, searches: Mapping[str, Sequence[SearchResult]], slo: SLOSpec) -> Path:
-    """Metrics against the request rate for one point; ``searches`` maps allocator -> its seeds."""
+    """Write :func:`point_figure` to ``path``."""
     with mpl.rc_context(_RC):
-        fig = Figure(figsize=(10, 6.5))  # fixed margins: a constrained layout doubles the render time
-        fig.subplots_adjust(left=0.08, right=0.98, bottom=0.08, top=0.92, wspace=0.22, hspace=0.12)
+        return _save(point_figure(title, searches, slo), path)
+
+
+def point_figure(title: str, searches: Mapping[str, Sequence[SearchResult]], slo: SLOSpec) -> Figure:
+    """Metrics against the request rate for one point; ``searches`` maps allocator -> its seeds.
+
+    A legend under the panels names every kind of line: the allocators' probe curves, the SLO
+    bounds (dotted red, their values written at the line's right end too) and each allocator's
+    capacity (dashed vertical line in its colour at the highest rate that met the SLO, the rate
+    written at its top)."""
+    with mpl.rc_context(_RC):
+        fig = Figure(figsize=(10, 7))  # fixed margins: a constrained layout doubles the render time
+        fig.subplots_adjust(left=0.08, right=0.98, bottom=0.16, top=0.92, wspace=0.22, hspace=0.12)
         axes = fig.subplots(2, 2, sharex=True).ravel()
         bounds = {"ttft": slo.ttft_p99_s, "tpot": slo.tpot_p99_s}
         for ax, (label, key, value) in zip(axes, _PANELS):
             for i, (allocator, results) in enumerate(searches.items()):
-                _probe_curve(ax, allocator, i, results, value)
-            if bounds.get(key) is not None:
-                ax.axhline(bounds[key], color="#CC0000", linewidth=1, linestyle=":", label="SLO")
+                _probe_curve(ax, allocator, i, results, value, label_capacity=key == "throughput")
+            bound = bounds.get(key)
+            if bound is not None:
+                ax.axhline(bound, color=SLO_COLOUR, linewidth=1.1, linestyle=":")
+                # at the left end: latency rises with the rate, so the curves reach the bound on the right
+                ax.annotate(f"SLO {bound:g} s", (0.0, bound), xycoords=("axes fraction", "data"),
+                            xytext=(3, 3), textcoords="offset points", ha="left", va="bottom",
+                            fontsize=8, color=SLO_COLOUR)
             if key in ("ttft", "tpot"):
                 ax.set_yscale("log")
+                ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                ax.yaxis.set_minor_formatter(NullFormatter())
             ax.set_ylabel(label)
             if not ax.has_data():
                 ax.text(0.5, 0.5, "not recorded", transform=ax.transAxes, ha="center", color="#777777")
         for ax in axes[2:]:
             ax.set_xlabel("request rate (req/s)")
-        axes[0].legend(loc="best")
+        handles = _point_legend(searches, slo)
+        fig.legend(handles=handles, loc="lower center", ncol=math.ceil(len(handles) / 2), frameon=False,
+                   bbox_to_anchor=(0.5, 0.0))
         fig.suptitle(title)
-        return _save(fig, path)
+        return fig
+
+
+def _point_legend(searches: Mapping[str, Sequence[SearchResult]], slo: SLOSpec) -> list[Line2D]:
+    """Legend entries of :func:`plot_point`: one per allocator, then the kinds of lines."""
+    handles = [Line2D([], [], color=_colour(a, i), linestyle=_STYLES[i % len(_STYLES)], marker="o",
+                      markersize=3, label=f"{a}: probes (first seed)") for i, a in enumerate(searches)]
+    if any(len(results) > 1 for results in searches.values()):
+        handles.append(Line2D([], [], color="#555555", marker=".", linestyle="none", alpha=0.6,
+                              label="probes of the other seeds"))
+    parts = [f"p99 {name} ≤ {bound:g} s" for name, bound in (("TTFT", slo.ttft_p99_s),
+                                                              ("TPOT", slo.tpot_p99_s)) if bound is not None]
+    if parts:
+        handles.append(Line2D([], [], color=SLO_COLOUR, linestyle=":", linewidth=1.1,
+                              label="SLO: " + ", ".join(parts)))
+    handles.append(Line2D([], [], color="#555555", linestyle="--", linewidth=0.8,
+                          label="capacity: highest rate meeting the SLO (allocator's colour)"))
+    return handles
 
 
 def _probe_curve(ax: Axes, allocator: str, i: int, results: Sequence[SearchResult],
-                 value: Callable[[Probe], float | None]) -> None:
+                 value: Callable[[Probe], float | None], *, label_capacity: bool = False) -> None:
     colour = _colour(allocator, i)
     for k, result in enumerate(results):
         points = sorted((p.rate_req_s, v) for p in result.probes
@@ -101,7 +144,11 @@ def _probe_curve(ax: Axes, allocator: str, i: int, results: Sequence[SearchResul
         else:
             ax.plot(xs, ys, marker=".", linestyle="none", color=colour, alpha=0.5)
     if results and results[0].lo_rate_req_s > 0 and ax.has_data():
-        ax.axvline(results[0].lo_rate_req_s, color=colour, linewidth=0.8, linestyle="--", alpha=0.7)
+        rate = results[0].lo_rate_req_s
+        ax.axvline(rate, color=colour, linewidth=0.8, linestyle="--", alpha=0.7)
+        if label_capacity:
+            ax.annotate(f"{rate:.3g}", (rate, 1.0), xycoords=("data", "axes fraction"), xytext=(2, -2),
+                        textcoords="offset points", ha="left", va="top", fontsize=8, color=colour)
 
 
 # --- across points --------------------------------------------------------------------------
@@ -138,6 +185,18 @@ def _grid(num: int, title: str) -> tuple[Figure, list[Axes]]:
     return fig, axes
 
 
+def _legend_below(fig: Figure, axes: Sequence[Axes], *extra: Any) -> None:
+    """One legend for every panel, under them (a legend inside a panel covers its data): each
+    allocator once, in first-seen order, then ``extra`` handles."""
+    seen: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, handle)
+    handles = [*seen.values(), *extra]
+    labels = [*seen, *(h.get_label() for h in extra)]
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(handles), 4), frameon=False)
+
+
 def plot_capacity_vs_block_size(path: Path, rows: Sequence[CapacityRow]) -> Path | None:
     """Max rate (with the seeds' range) against block size, a line per allocator."""
     facets = _facets(rows, "block_size")
@@ -160,7 +219,8 @@ def plot_capacity_vs_block_size(path: Path, rows: Sequence[CapacityRow]) -> Path
             ax.set_title(label or "all points")
             ax.set_xlabel("block size (tokens)")
             ax.set_ylabel("max rate (req/s)")
-        axes[0].legend(loc="best")
+        _legend_below(fig, axes, Line2D([], [], color="#555555", marker="|", markersize=8, linestyle="none",
+                                        label="bars: range (seeds and bisection)"))
         return _save(fig, path)
 
 
@@ -184,7 +244,7 @@ def plot_capacity_per_dollar(path: Path, rows: Sequence[CapacityRow]) -> Path | 
             ax.set_xticks(range(len(gpus)), gpus)
             ax.set_title(label or "all points")
             ax.set_ylabel("requests per USD")
-        axes[0].legend(loc="best")
+        _legend_below(fig, axes)
         return _save(fig, path)
 
 
@@ -207,8 +267,8 @@ def plot_pareto(path: Path, points: Sequence[ParetoPoint], subtitle: str = "") -
     allocators = list(dict.fromkeys(a for _, a in lines))
     varying = _varying_knobs([p.knobs for p in points])
     with mpl.rc_context(_RC):
-        wide = len(lines) > 6
-        fig = Figure(figsize=(11.5 if wide else 9, 6), layout="constrained")
+        wide = len(lines) > 6  # long labels: a wider figure for the legend beside the axes
+        fig = Figure(figsize=(12.5 if wide else 11, 6), layout="constrained")
         ax = fig.subplots()
         shown = list(lines.items())[:MAX_PARETO_LINES]
         labelled: set[tuple[str, float, float]] = set()
@@ -245,10 +305,8 @@ def plot_pareto(path: Path, points: Sequence[ParetoPoint], subtitle: str = "") -
         ax.set_ylim(bottom=0)
         ax.set_title("throughput vs per-user speed over closed-loop concurrency (marker labels: clients)"
                      + (f"\n{subtitle}" if subtitle else ""))
-        if wide:
-            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        else:
-            ax.legend(loc="best")
+        # beside the axes, never over them: the frontier and the lines fill the plot's corners
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
         return _save(fig, path)
 
 

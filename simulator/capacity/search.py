@@ -28,12 +28,54 @@ along the trace (its least-squares slope against arrival time is at most
 :data:`MAX_QUEUE_GROWTH` seconds per second). A TTFT bound already implies it for long traces;
 the slope catches overload when the SLO bounds only TPOT.
 
+A rate search on a trace sends the requests the scenario selects (``start_s``, ``duration_s``,
+``num_requests``, as ``simulate`` would) with their arrival times rescaled so that *their* mean
+rate — (N − 1) gaps over the span from first to last arrival — is the rate searched. (Rescaling
+the whole trace first and then taking its first N requests would send them at the slice's own
+local rate: for the first 2,000 requests of the Azure conversation trace, 15% below the rate
+searched.) A synthetic workload draws its arrivals at the rate searched.
+
+**Rates over the steady window.** A probe's throughput, goodput and output tokens/s are measured
+over its *steady window*: from the arrival of the first measured request (the first after the
+workload's warm-up; for closed-loop clients, its send) to the arrival of the last request::
+
+    arrivals   w w w|m m m m m m m m m m m m m m m m|
+    finishes        . . . . . . . . . . . . . . . . . . . . . .|
+          warm-up   |<-------- steady window W ------>|<- drain ->|
+              first measured arrival        last arrival      last finish
+
+The warm-up before it (a server still filling up) and the drain after it (the last requests
+finishing with nothing arriving, the server below the offered load) are left out. Counting is
+per request: the requests that arrive in ``[first, last)`` count, each with the tokens it
+generated and whether it met the SLO, however late it finished; the window's rates are those
+counts per second of W::
+
+    λ (arrival rate) = arriving in [first, last) / W      throughput = ... and finished / W
+    goodput = ... and finished within every bound / W     output tok/s = their generated tokens
+                                                          (all samples and beams) / W
+
+The half-open window counts one request per arrival gap: N requests at distinct times give
+λ = (N − 1) / W, the workload's own mean rate; closed-loop clients that send in rounds count every
+round but the last (the one that drains), so C clients served in E seconds give λ = C / E.
+
+When every request finishes within the SLO, goodput = throughput = λ, the probe's rate (exactly
+for a trace without warm-up). At the loads the capacity table reports — stable ones, whose queue
+does not grow — this is what the server sustains: it keeps up with the arrivals. (At an
+overloaded probe it is what was offered and eventually served, not a service rate: that is
+``served_tok_s``, the tokens the server emitted during the window — each request's spread evenly
+from its first token to its last — per second, which at a stable load is about the output tok/s
+and under overload stops growing with the rate.) When the measured requests are all sent at one
+instant (as many closed-loop clients as requests) there is
+no steady window: the rates fall back to the run window, from the first measured send to the end
+of the last step, drain included, and the probe says so (``steady`` False).
+
 Probes are cached as JSON files keyed by a hash of the resolved scenario (load and seed included),
 the allocator and whether KV data was recorded, so an interrupted sweep resumes where it stopped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -61,11 +103,12 @@ from simulator.scheduler import Scheduler, Status
 from workloads.clients import OPEN_LOOP, Clients
 from workloads.request import Request
 from workloads.spec import WorkloadSpec, build_requests, shape_trace
+from workloads.synthetic import rescale_to_rate
 
 MAX_QUEUE_GROWTH = 0.05  # s of extra queueing per s of trace: an overload of ~5% or more is unstable
 MAX_DOUBLINGS = 24  # start × 2^24: beyond that the SLO holds "at every rate" (too short a trace)
 MAX_HALVINGS = 16  # start / 2^16: below that the SLO fails "at every rate"
-CACHE_VERSION = 2  # bump when a probe's meaning changes, so old cache files are not reused
+CACHE_VERSION = 4  # bump when a probe's meaning changes, so old cache files are not reused
 CLIENTS_PER_BATCH_SLOT = 2  # concurrency search: at most this × max_num_seqs × replicas clients
 
 
@@ -153,7 +196,9 @@ class Probe:
 
     ``rate_req_s`` is the offered mean rate; for a closed loop (``concurrency`` set) it is the
     rate the clients achieved, which a closed loop offers by construction (arrivals =
-    completions). Statistics leave out the workload's warm-up requests."""
+    completions). Statistics leave out the workload's warm-up requests; throughput, goodput and
+    tokens/s are over the steady window of ``window_s`` seconds (module docstring), or over the
+    run window when ``steady`` is False."""
 
     rate_req_s: float
     seed: int
@@ -162,9 +207,9 @@ class Probe:
     num_requests: int
     completed: int
     rejected: int
-    throughput_req_s: float
-    throughput_tok_s: float
-    goodput_req_s: float  # finished requests that met every per-request bound, per second
+    throughput_req_s: float  # measured requests that finished, per second of the window
+    throughput_tok_s: float  # their generated tokens (all samples and beams), per second
+    goodput_req_s: float  # measured requests that finished within every bound, per second
     ttft_p99_s: float | None
     tpot_p99_s: float | None
     e2e_p99_s: float | None
@@ -177,6 +222,9 @@ class Probe:
     kv_used_peak: float | None = None
     kv_token_state_mean: float | None = None  # share holding written KV, time-averaged
     concurrency: int | None = None  # closed-loop clients (None: a rate probe)
+    window_s: float = 0.0  # the window the rates are over: the steady window, or the run window
+    steady: bool = True  # False: no steady window (every measured request sent at once)
+    served_tok_s: float = 0.0  # output tokens emitted during the window, per second (docstring)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -227,17 +275,84 @@ def queue_growth(requests: pd.DataFrame, offered_s: np.ndarray | None = None) ->
     return float((dx * (y - y.mean())).sum() / (dx * dx).sum())
 
 
-def goodput_req_s(requests: pd.DataFrame, slo: SLOSpec, makespan_s: float) -> float:
-    """Finished requests with TTFT ≤ the bound and TPOT ≤ the bound (one-token outputs have no
-    TPOT and pass it), per second of ``makespan_s`` (the throughput window)."""
-    done = requests[requests.status == Status.FINISHED.value]
-    good = np.ones(len(done), dtype=bool)
-    if slo.ttft_p99_s is not None:
-        good &= done.ttft_s.to_numpy() <= slo.ttft_p99_s
+def met_slo(requests: pd.DataFrame, slo: SLOSpec) -> np.ndarray:
+    """Per row of ``requests``: finished with TTFT, TPOT and E2E within the SLO's bounds (applied
+    to each request; a one-token output has no TPOT and passes that bound)."""
+    good = (requests.status == Status.FINISHED.value).to_numpy()
+    for bound, column in ((slo.ttft_p99_s, "ttft_s"), (slo.e2e_p99_s, "e2e_s")):
+        if bound is not None:
+            good = good & (requests[column].to_numpy() <= bound)
     if slo.tpot_p99_s is not None:
-        tpot = done.tpot_s.to_numpy()
-        good &= np.isnan(tpot) | (tpot <= slo.tpot_p99_s)
-    return float(good.sum()) / makespan_s if makespan_s > 0 else 0.0
+        tpot = requests.tpot_s.to_numpy()
+        good = good & (np.isnan(tpot) | (tpot <= slo.tpot_p99_s))
+    return good
+
+
+@dataclass(frozen=True, slots=True)
+class WindowRates:
+    """Rates of the measured requests over the steady window (module docstring).
+
+    ``rate_req_s`` is λ, their arrival rate. ``steady`` False: they were all sent at one instant,
+    so every measured request counts, over the run window instead (drain included). Invariant:
+    goodput ≤ throughput ≤ λ."""
+
+    window_s: float
+    steady: bool
+    rate_req_s: float
+    throughput_req_s: float
+    throughput_tok_s: float
+    goodput_req_s: float
+
+    def __post_init__(self) -> None:
+        assert self.goodput_req_s <= self.throughput_req_s <= self.rate_req_s * (1 + 1e-12), self
+
+
+def window_rates(measured: pd.DataFrame, arrivals_s: np.ndarray, slo: SLOSpec,
+                 run_window_s: float) -> WindowRates:
+    """Rates of ``measured`` (the requests after the warm-up, in send order; ``arrivals_s`` their
+    arrival times) over the steady window ``[first, last)`` of those arrivals: the requests that
+    arrive in it, counted with their own outcome, per second of it. Without two distinct
+    arrivals, every measured request per second of ``run_window_s`` (the run window: first
+    measured send to the end of the last step)."""
+    assert len(arrivals_s) == len(measured), (len(arrivals_s), len(measured))
+    span_s = float(arrivals_s.max() - arrivals_s.min()) if len(measured) else 0.0
+    if span_s > 0:
+        steady, window_s = True, span_s
+        counted = arrivals_s < arrivals_s.max()  # half-open: one request per arrival gap
+    else:
+        steady, window_s = False, run_window_s
+        counted = np.ones(len(measured), dtype=bool)
+    per_s = 1.0 / window_s if window_s > 0 else 0.0
+    finished = (measured.status == Status.FINISHED.value).to_numpy() & counted
+    samples = measured[["n", "beam_width"]].max(axis=1).to_numpy()
+    tokens = float((measured.output_tokens.to_numpy() * samples)[finished].sum())
+    good = int((met_slo(measured, slo) & counted).sum())
+    return WindowRates(window_s, steady, int(counted.sum()) * per_s, int(finished.sum()) * per_s,
+                       tokens * per_s, good * per_s)
+
+
+def served_tok_s(requests: pd.DataFrame, request_overhead_s: float, start_s: float, end_s: float) -> float:
+    """Output tokens (all samples and beams) the server emitted in ``[start_s, end_s)`` per second,
+    every finished request of ``requests`` (a :func:`metrics.requests_frame`, warm-up included:
+    it is served in the window too) taken to emit its tokens at even intervals from its first
+    token to its last — token j of o at first + (j − 1)·(last − first)/(o − 1)."""
+    if end_s <= start_s:
+        return 0.0
+    done = requests[requests.status == Status.FINISHED.value]
+    # the server's clock: the client's TTFT and E2E include the front end's overhead
+    first = (done.arrival_s + done.ttft_s - request_overhead_s).to_numpy(dtype=np.float64)
+    last = (done.arrival_s + done.e2e_s - request_overhead_s).to_numpy(dtype=np.float64)
+    outputs = done.output_tokens.to_numpy(dtype=np.int64)
+    samples = done[["n", "beam_width"]].max(axis=1).to_numpy(dtype=np.int64)
+    gap = np.where(outputs > 1, (last - first) / np.maximum(outputs - 1, 1), 0.0)
+    # tokens j = 0..o−1 at first + j·gap; those in [start, end): j in [ceil((start−first)/gap),
+    # ceil((end−first)/gap) − 1]; a zero gap puts every token at ``first``
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo = np.where(gap > 0, np.ceil((start_s - first) / gap), np.where(first >= start_s, 0, outputs))
+        hi = np.where(gap > 0, np.ceil((end_s - first) / gap) - 1, np.where(first < end_s, outputs - 1, -1))
+    lo, hi = np.clip(lo, 0, outputs), np.clip(hi, -1, outputs - 1)
+    emitted = np.maximum(hi - lo + 1, 0) * samples
+    return float(emitted.sum()) / (end_s - start_s)
 
 
 @dataclass(slots=True)
@@ -290,6 +405,14 @@ def simulate_probe(dep: Deployment, allocator: str, rate_req_s: float | None, se
     if result.offered is not None:
         offered = np.array([r.arrival_s for r in result.offered[clients.warmup_requests:]])
     growth = queue_growth(measured, offered)
+    closed_loop = rate_req_s is None
+    # The steady window runs over arrivals as offered (a send held back for a client slot still
+    # counts at the rate searched); closed-loop clients offer nothing but their sends.
+    arrivals = measured.arrival_s.to_numpy(dtype=np.float64) if offered is None or closed_loop else offered
+    rates = window_rates(measured, arrivals, slo, s["throughput_window_s"])
+    first_measured_s = float(measured.arrival_s.iloc[0]) if len(measured) else 0.0
+    window_start_s = float(arrivals.min()) if rates.steady else first_measured_s
+    served = served_tok_s(frame, result.request_overhead_s, window_start_s, window_start_s + rates.window_s)
     p99 = {k: s[k]["p99"] for k in ("ttft_s", "tpot_s", "e2e_s", "queue_delay_s")}
     failures = check_slo(slo, num_requests=len(requests), completed=s["completed"], rejected=s["rejected"],
                          ttft_p99_s=p99["ttft_s"], tpot_p99_s=p99["tpot_s"], e2e_p99_s=p99["e2e_s"],
@@ -301,12 +424,12 @@ def simulate_probe(dep: Deployment, allocator: str, rate_req_s: float | None, se
         # max(0, ...): 1 − free − external can come out as −1e-16 for an idle pool
         kv = {"kv_used_mean": max(0.0, 1.0 - s["kv"]["free"] - s["kv"]["external_fragmentation"]),
               "kv_used_peak": float(used.max()), "kv_token_state_mean": s["kv"]["token_state"]}
-    closed_loop = rate_req_s is None
     return Probe(
-        rate_req_s=s["throughput_req_s"] if closed_loop else rate_req_s, seed=seed, ok=not failures,
+        rate_req_s=rates.rate_req_s if closed_loop else rate_req_s, seed=seed, ok=not failures,
         failures=failures, num_requests=len(requests), completed=s["completed"], rejected=s["rejected"],
-        throughput_req_s=s["throughput_req_s"], throughput_tok_s=s["throughput_tok_s"],
-        goodput_req_s=goodput_req_s(measured, slo, s["throughput_window_s"]),
+        throughput_req_s=rates.throughput_req_s, throughput_tok_s=rates.throughput_tok_s,
+        goodput_req_s=rates.goodput_req_s, window_s=rates.window_s, steady=rates.steady,
+        served_tok_s=served,
         ttft_p99_s=p99["ttft_s"], tpot_p99_s=p99["tpot_s"], e2e_p99_s=p99["e2e_s"],
         queue_delay_p99_s=p99["queue_delay_s"], queue_growth=growth,
         max_batch_size=peak.max_batch_size, num_kv_refusals=refusals[0], num_preemptions=s["num_preemptions"],
@@ -389,13 +512,32 @@ def _read_cache(path: Path) -> Probe | None:
         return None  # absent, or half-written by an interrupted run: simulate again
 
 
+PARTIAL_PREFIX = ".tmp-"  # a cache file being written; renamed into place when complete
+
+
 def _write_cache(path: Path, probe: Probe) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Write-then-rename: parallel workers and interruptions never leave a torn file behind.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump({"probe": probe.to_json()}, f, sort_keys=True)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=PARTIAL_PREFIX, suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"probe": probe.to_json()}, f, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:  # Ctrl-C, a stopped worker (SystemExit), a full disk: no partial file left
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def remove_partial_writes(cache_dir: Path) -> int:
+    """Remove cache files left half-written by a run killed outright (SIGKILL: no chance to
+    clean up), and return how many. Call only while no other run writes into ``cache_dir``
+    (the output folder's lock); the complete probes are never touched."""
+    partial = list(cache_dir.glob(f"{PARTIAL_PREFIX}*")) if cache_dir.is_dir() else []
+    for path in partial:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    return len(partial)
 
 
 class RateWorkload:
@@ -404,7 +546,8 @@ class RateWorkload:
 
     A trace is parsed once; each load then reshapes it with :func:`workloads.spec.shape_trace`, the
     very function ``build_requests`` uses (so the same requests, bit for bit): parsing is most of
-    the cost of building a trace's requests, as much as a short simulation.
+    the cost of building a trace's requests, as much as a short simulation. At a rate, a trace's
+    selection is rescaled as a whole (module docstring): the same requests at every rate.
     """
 
     def __init__(self, spec: WorkloadSpec, *, seed: int, base_dir: Path, where: str = "workload") -> None:
@@ -413,10 +556,22 @@ class RateWorkload:
         self.base_dir = base_dir
         self.where = where
         self._full: list[Request] | None = None  # the whole trace at its own rate, read on first use
+        self._selected: list[Request] | None = None  # the scenario's slice of it, at its own rate
 
     def at_rate(self, rate_req_s: float) -> list[Request]:
-        """The workload's requests rescaled to a mean of ``rate_req_s`` requests per second."""
-        return self._build(self.spec.model_copy(update={"rate": rate_req_s, "rate_scale": None}))
+        """The workload's requests at a mean of ``rate_req_s`` requests per second: a synthetic
+        workload drawn at that rate; a trace's requests as the scenario selects them, rescaled so
+        that their own mean rate ((N − 1) gaps over their span) is exactly ``rate_req_s``."""
+        if self.spec.trace is None:
+            return self._build(self.spec.model_copy(update={"rate": rate_req_s, "rate_scale": None}))
+        if self._selected is None:
+            # rate: inf (a burst) selects on the trace's own clock, as a finite rate is searched
+            timed = self.spec.model_copy(update={"rate": None}) if self.spec.burst else self.spec
+            self._selected = self._build(timed)
+        try:
+            return rescale_to_rate(self._selected, rate_req_s)
+        except KvplanError as err:
+            raise KvplanError(f"workload: {err}") from None
 
     def at_concurrency(self, concurrency: int) -> tuple[list[Request], Clients]:
         """The workload's requests and the ``concurrency`` closed-loop clients that send them

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from simulator.capacity.search import SearchResult, limited_by
+from simulator.capacity.search import Probe, SearchResult, limited_by
 from simulator.deployment import Deployment, build_deployment
 from simulator.errors import KvplanError, unknown_name
 from simulator.kv.gpus import get_gpu
@@ -47,6 +47,9 @@ NOT_SWEEPABLE = {"seed": "use --seeds", "workload.rate": "the search varies the 
                  "workload.concurrency": "--search concurrency varies the clients",
                  "name": "", "description": ""}
 DEFAULT_START_RATE_REQ_S = 1.0
+# A steady window shorter than two request lifetimes (p99 E2E) is mostly ramp-up: the load never
+# settled, and an SLO may hold only because the workload ended first.
+MIN_WINDOW_PER_E2E = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +227,9 @@ def start_rate_req_s(scenario: Scenario, base_dir: Path, memo: dict[str, float])
 @dataclass(frozen=True, slots=True)
 class CapacityRow:
     """One (point, allocator) of the capacity table; metrics are over seeds at each seed's
-    maximum rate (means; concurrency and KV peak: maxima). ``None`` = not applicable."""
+    maximum rate (means; concurrency and KV peak: maxima). ``None`` = not applicable. Throughput,
+    goodput and $/M tok are over each probe's steady window (:mod:`simulator.capacity.search`),
+    of ``window_s`` seconds (mean over seeds)."""
 
     point_index: int
     knobs: dict[str, Any]
@@ -254,6 +259,8 @@ class CapacityRow:
     clients_ci_high: int | None = None  # most clients that failed, over seeds (None: unbounded)
     tok_s_per_gpu: float | None = None  # output tok/s per GPU at the max
     tok_s_per_user: float | None = None  # output tok/s per client at the max (vLLM's tokens/s/user)
+    window_s: float | None = None  # the steady window the rates are over (mean over seeds)
+    window_note: str = ""  # none, or too short a steady window: the rates deserve a caveat
 
 
 RATE_ONLY_FIELDS = ("rate_ci_low_req_s", "rate_ci_high_req_s")
@@ -304,6 +311,8 @@ def summarize_searches(point: SweepPoint, allocator: str, results: Sequence[Sear
         limited_by="/".join(sorted({limited_by(p, dep.scheduler_config.max_num_seqs) for p in at_max})),
         kv_used_peak=max((p.kv_used_peak for p in at_max if p.kv_used_peak is not None), default=None),
         rate_per_gpu_req_s=rate / num_gpus, usd_per_m_output_tokens=usd, message="; ".join(messages),
+        window_s=statistics.fmean(p.window_s for p in at_max),
+        window_note="; ".join(window_caveats(at_max)),
     )
 
 
@@ -345,7 +354,26 @@ def _summarize_clients(point: SweepPoint, allocator: str, results: Sequence[Sear
         rate_per_gpu_req_s=rate / num_gpus, usd_per_m_output_tokens=usd, message="; ".join(messages),
         tok_s_per_gpu=tok_s / num_gpus,
         tok_s_per_user=statistics.fmean(p.throughput_tok_s / (p.concurrency or 1) for p in at_max),
+        window_s=statistics.fmean(p.window_s for p in at_max),
+        window_note="; ".join(window_caveats(at_max)),
     )
+
+
+def window_caveats(at_max: Sequence[Probe]) -> list[str]:
+    """What the table must say about the windows its rates were measured over: none at all
+    (every measured request sent at once), or one too short to have settled."""
+    caveats = []
+    if any(not p.steady for p in at_max):
+        caveats.append("no steady window (every measured request was sent at once): rates are over "
+                       "the whole run, drain included")
+    short = [p for p in at_max if p.steady and p.e2e_p99_s is not None
+             and p.window_s < MIN_WINDOW_PER_E2E * p.e2e_p99_s]
+    if short:
+        p = min(short, key=lambda q: q.window_s / (q.e2e_p99_s or 1.0))
+        caveats.append(f"the steady window ({p.window_s:.3g} s) is shorter than {MIN_WINDOW_PER_E2E:g} × "
+                       f"the p99 E2E ({p.e2e_p99_s:.3g} s): the load never settled and the SLO may hold "
+                       "only because the workload ended; raise workload.num_requests")
+    return caveats
 
 
 def _mean(values: list[float | None]) -> float | None:

@@ -67,8 +67,9 @@ class MemorySnapshot(NamedTuple):
     ``reserved``: allocated slots the owner will write later.
     ``internal_fragmentation``: allocated slots that will never be written (a contiguous
     reservation beyond the final length, the unused tail of a paged last block).
-    ``external_fragmentation``: free slots in holes too small for the request at the head of
-    the queue (contiguous only; always 0 when paged).
+    ``external_fragmentation``: free slots the request at the head of the queue cannot use —
+    in holes too small for it, or all of them when the holes cannot take every sequence it
+    brings (contiguous only; always 0 when paged).
     ``free``: the rest of the free slots (for paged, cached-but-unreferenced blocks included).
     ``shared_saved_tokens``: slots that sharing (fork, prefix cache) saves against private copies.
     """
@@ -157,8 +158,9 @@ class KVAllocator(ABC):
         """Free slots in total (for paged: free blocks × block size, evictable cached ones too)."""
 
     @abstractmethod
-    def external_fragmentation(self, head: tuple[int, int] | None) -> int:
-        """Free slots unusable by a sequence of (num_tokens, final_tokens) waiting at the head."""
+    def external_fragmentation(self, head: tuple[int, ...] | None) -> int:
+        """Free slots unusable by the request waiting at the head: ``(num_tokens, final_tokens)``
+        of its sequences, and optionally how many sequences it brings (default 1)."""
 
     @abstractmethod
     def check_invariants(self) -> None:
@@ -189,19 +191,19 @@ class KVAllocator(ABC):
         return len(self.num_tokens)
 
     def snapshot(
-        self, num_written_tokens: int | None = None, head: tuple[int, int] | None = None
+        self, num_written_tokens: int | None = None, head: tuple[int, ...] | None = None
     ) -> MemorySnapshot:
         """O(1) breakdown of the pool (contiguous: O(holes) when ``head`` changes).
 
         ``num_written_tokens`` is Σ over live sequences of tokens actually written; callers that
         write tokens without declaring each one (the simulator) pass it; by default the declared
-        counts are used. ``head`` is the (num_tokens, final_tokens) of the request waiting at the
-        head of the queue, for external fragmentation.
+        counts are used. ``head`` is the (num_tokens, final_tokens[, num_seqs]) of the request
+        waiting at the head of the queue, for external fragmentation.
         """
         return MemorySnapshot(self.capacity_tokens, *self.snapshot_parts(num_written_tokens, head))
 
     def snapshot_parts(
-        self, num_written_tokens: int | None = None, head: tuple[int, int] | None = None
+        self, num_written_tokens: int | None = None, head: tuple[int, ...] | None = None
     ) -> tuple[int, int, int, int, int, int]:
         """:meth:`snapshot` as a plain tuple (token state, reserved, internal, external, free,
         shared saved): what the engine records every step, without building a record."""

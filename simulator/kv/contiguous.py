@@ -58,7 +58,7 @@ class ContiguousAllocator(KVAllocator):
         self._hole_size: dict[int, int] = {0: capacity_tokens}
         self._free_total = capacity_tokens
         self._version = 0  # bumps on every hole change (caches external fragmentation)
-        self._ext_cache: tuple[int, int, int] = (-1, -1, 0)
+        self._ext_cache: tuple[int, int, int, int] = (-1, -1, -1, 0)  # version, need, seqs, value
         self.num_external_blocked = 0  # allocate() calls refused by external fragmentation
 
     # ------------------------------------------------------------------ policy
@@ -200,16 +200,26 @@ class ContiguousAllocator(KVAllocator):
         self._sum_useful -= min(size, final)
         self._sum_tokens -= self.num_tokens.pop(seq_id)
 
-    def external_fragmentation(self, head: tuple[int, int] | None) -> int:
-        """Free slots in holes too small for the head request's reservation."""
+    def external_fragmentation(self, head: tuple[int, ...] | None) -> int:
+        """Free slots the head request cannot use: those in holes too small for its reservation,
+        or every free slot when the holes cannot take all its ``num_seqs`` regions (a group of
+        samples or beams needs one region per sequence: admission frees all of them if one fails,
+        so a pool with room for three of four regions leaves the group waiting beside free memory).
+
+        ``head`` is ``(num_tokens, final_tokens)`` or ``(num_tokens, final_tokens, num_seqs)``."""
         if head is None:
             return 0
-        need = self.reservation(*head)
-        version, cached_need, value = self._ext_cache
-        if version == self._version and cached_need == need:
+        need = self.reservation(head[0], head[1])
+        num_seqs = head[2] if len(head) > 2 else 1
+        version, cached_need, cached_seqs, value = self._ext_cache
+        if version == self._version and cached_need == need and cached_seqs == num_seqs:
             return value
-        value = sum(s for s in self._hole_size.values() if s < need)
-        self._ext_cache = (self._version, need, value)
+        holes = self._hole_size.values()
+        if sum(s // need for s in holes) < num_seqs:
+            value = self._free_total
+        else:
+            value = sum(s for s in holes if s < need)
+        self._ext_cache = (self._version, need, num_seqs, value)
         return value
 
     # ------------------------------------------------------------------ invariants

@@ -15,10 +15,22 @@ them (so kvplan flags exactly the layers the model runs with a window):
 * ``sliding_window_pattern`` p (Gemma 3, default 6; Gemma 2 alternates, p = 2): layer i is full
   when ``(i + 1) % p == 0``, else sliding;
 * otherwise a ``sliding_window`` applies to every layer (Mistral-7B-v0.1).
+
+Two fields are read the way vLLM reads them, since vLLM is what kvplan sizes:
+
+* the dtype: a config without ``torch_dtype`` (or ``dtype``) is float32 to vLLM, and vLLM's
+  ``--dtype auto`` serves a float32 checkpoint in the platform's first supported dtype, bfloat16
+  on every GPU kvplan knows (vllm/config/model.py ``_find_dtype`` and ``_resolve_auto_dtype``;
+  vllm/platforms/cuda.py ``supported_dtypes``: bfloat16 first from compute capability 8.0 on);
+* the window (``max_position_embeddings``, the default and the upper bound of max_model_len):
+  vLLM multiplies it by ``rope_scaling.factor`` (YaRN: ``original_max_position_embeddings`` ×
+  factor), except for ``llama3``, ``longrope`` and ``su`` scaling and Gemma 3, whose window is
+  already scaled (vllm/config/model.py ``_get_and_verify_max_len``).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from simulator.errors import KvplanError
@@ -40,6 +52,15 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
 # Gemma 2 alternates sliding and full layers, Gemma 3 has 5 sliding layers per full one.
 _DEFAULT_SLIDING_PATTERN = {"gemma2": 2, "gemma3_text": 6}
 _TIED_BY_DEFAULT = frozenset({"opt", "gemma2", "gemma3_text"})
+# What vLLM serves a float32 (or dtype-less) checkpoint in under --dtype auto: the platform's first
+# supported dtype, bfloat16 on Ampere and later (vllm/platforms/cuda.py supported_dtypes) and on
+# ROCm MI300X; every GPU in simulator/kv/gpus.py is one of those.
+_VLLM_AUTO_DTYPE_FOR_FLOAT32 = "bfloat16"
+# rope_scaling types whose max_position_embeddings vLLM takes as is (already the scaled window).
+_ROPE_TYPES_WINDOW_AS_IS = frozenset({"su", "longrope", "llama3", "default"})
+# Fields that size the model: zero would divide by zero or describe no model at all.
+_POSITIVE = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size",
+             "max_position_embeddings")
 
 
 def model_from_hf_config(raw: dict[str, Any], *, name: str) -> ModelConfig:
@@ -55,6 +76,8 @@ def model_from_hf_config(raw: dict[str, Any], *, name: str) -> ModelConfig:
     if raw.get(inter_key) is None:
         raise KvplanError("missing required field 'intermediate_size' (or OPT's 'ffn_dim')")
     model_type = str(raw.get("model_type") or "llama")
+    for key in _POSITIVE:
+        _positive(raw, key)
     heads = _int(raw, "num_attention_heads")
     hidden = _int(raw, "hidden_size")
     layers = _int(raw, "num_hidden_layers")
@@ -70,20 +93,54 @@ def model_from_hf_config(raw: dict[str, Any], *, name: str) -> ModelConfig:
                ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")}
         mla["q_lora_rank"] = _int(raw, "q_lora_rank") if raw.get("q_lora_rank") else None
     layer_types, window = _attention_layout(raw, model_type, layers)
-    dtype = raw.get("torch_dtype") or raw.get("dtype") or "float32"  # transformers' default
     return ModelConfig(
         name=name, num_hidden_layers=layers, num_attention_heads=heads,
         num_key_value_heads=_int(raw, "num_key_value_heads", heads), head_dim=head_dim,
         hidden_size=hidden, intermediate_size=_int(raw, inter_key),
-        vocab_size=_int(raw, "vocab_size"), torch_dtype=str(dtype),
+        vocab_size=_int(raw, "vocab_size"), torch_dtype=_served_dtype(raw),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT)),
-        max_position_embeddings=_int(raw, "max_position_embeddings"), model_type=model_type,
+        max_position_embeddings=_window(raw, model_type), model_type=model_type,
         hf_id=str(raw.get("_name_or_path") or ""),
         attention_bias=raw.get("attention_bias") is True,
         quantization=parse_quantization_config(raw.get("quantization_config")),
         layer_types=layer_types, sliding_window=window,
         **mla, **_moe_fields(raw, inter_key),
     )
+
+
+def config_model_name(raw: dict[str, Any], path: Path) -> str:
+    """The name of the model a ``config.json`` at ``path`` describes: its ``_name_or_path``;
+    else the folder of a checkpoint (``Llama-3.1-8B/config.json``); else the file's own name
+    (``cfg/llama-70b.json`` is ``llama-70b``, not ``cfg``)."""
+    named = raw.get("_name_or_path")
+    if isinstance(named, str) and named.strip():
+        return named.strip()
+    folder = path.resolve().parent.name
+    return folder if path.stem == "config" and folder else path.stem
+
+
+def _served_dtype(raw: dict[str, Any]) -> str:
+    """The dtype vLLM serves the checkpoint in under ``--dtype auto`` (module docstring)."""
+    dtype = raw.get("torch_dtype") or raw.get("dtype") or "float32"  # vLLM's _find_dtype
+    if not isinstance(dtype, str):
+        raise KvplanError(f"field 'torch_dtype' must be a dtype name, got {dtype!r}")
+    return _VLLM_AUTO_DTYPE_FOR_FLOAT32 if dtype.lower() in ("float32", "float", "fp32") else dtype
+
+
+def _window(raw: dict[str, Any], model_type: str) -> int:
+    """The context window vLLM derives from the config (module docstring)."""
+    window = _int(raw, "max_position_embeddings")
+    scaling = raw.get("rope_scaling") or raw.get("rope_parameters")
+    if not isinstance(scaling, dict) or model_type.startswith("gemma3"):
+        return window
+    rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    factor = scaling.get("factor", 1.0)
+    if (rope_type in _ROPE_TYPES_WINDOW_AS_IS or isinstance(factor, bool)
+            or not isinstance(factor, (int, float)) or factor <= 0):
+        return window
+    if rope_type == "yarn" and isinstance(scaling.get("original_max_position_embeddings"), int):
+        window = scaling["original_max_position_embeddings"]
+    return int(window * factor)
 
 
 def _language_model(raw: dict[str, Any]) -> dict[str, Any]:
@@ -174,6 +231,13 @@ def _int(raw: dict[str, Any], key: str, default: int | None = None) -> int:
     return value
 
 
+def _positive(raw: dict[str, Any], key: str) -> int:
+    value = _int(raw, key)
+    if value == 0:
+        raise KvplanError(f"field '{key}' must be a positive integer, got 0")
+    return value
+
+
 def _int_list(raw: dict[str, Any], key: str) -> tuple[int, ...]:
     value = raw.get(key) or []
     if not isinstance(value, list) or not all(
@@ -182,4 +246,4 @@ def _int_list(raw: dict[str, Any], key: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-__all__ = ["model_from_hf_config"]
+__all__ = ["config_model_name", "model_from_hf_config"]

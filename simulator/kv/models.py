@@ -13,7 +13,7 @@ from pathlib import Path
 
 from simulator.errors import KvplanError
 from simulator.kv.catalog import get_model, list_models
-from simulator.kv.hf_config import model_from_hf_config
+from simulator.kv.hf_config import config_model_name, model_from_hf_config
 from simulator.kv.model_config import ModelConfig, canonical_dtype, dtype_bits
 
 
@@ -43,7 +43,7 @@ def _load_config_file(path: Path) -> ModelConfig:
     if not isinstance(raw, dict):
         raise KvplanError(f"{path}: a config.json must hold a JSON object")
     try:
-        return model_from_hf_config(raw, name=str(raw.get("_name_or_path") or path.parent.name))
+        return model_from_hf_config(raw, name=config_model_name(raw, path))
     except KvplanError as err:
         raise KvplanError(f"{path}: {err}") from None
 

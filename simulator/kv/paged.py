@@ -86,7 +86,7 @@ class PagedAllocator(KVAllocator):
     def allocated_tokens(self, seq_id: int) -> int:
         return len(self.block_tables[seq_id]) * self.block_size
 
-    def external_fragmentation(self, head: tuple[int, int] | None) -> int:
+    def external_fragmentation(self, head: tuple[int, ...] | None) -> int:
         return 0  # any free block serves any request
 
     def min_pool_tokens(self, num_prompt: int, final_tokens: int, num_seqs: int) -> int:

@@ -53,6 +53,23 @@ KV_DTYPE_BYTES: dict[str, int] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class KnobNames:
+    """How the user spells each knob an error may ask them to change: ``kvplan size``'s flags or
+    a scenario's YAML keys, so the advice names what the user can actually edit."""
+
+    tp: str
+    gpu_memory_utilization: str
+    max_num_batched_tokens: str
+    max_model_len: str
+
+
+CLI_FLAGS = KnobNames("--tp", "--gpu-memory-utilization", "--max-num-batched-tokens",
+                      "--max-model-len")
+SCENARIO_KEYS = KnobNames("tensor_parallel", "gpu_memory_utilization", "max_num_batched_tokens",
+                          "max_model_len")
+
+
 def kv_dtype_bytes(name: str) -> int:
     """Bytes per element of KV cache dtype ``name``. Unknown -> KvplanError (did you mean)."""
     key = name.strip().lower()
@@ -90,13 +107,15 @@ class KVLayout:
 
 
 def kv_layout(num_layers: int, num_kv_heads: int, head_dim: int, *, dtype: str = "fp16",
-              tp: int = 1, latent_width: int | None = None) -> KVLayout:
+              tp: int = 1, latent_width: int | None = None,
+              knobs: KnobNames = CLI_FLAGS) -> KVLayout:
     """The per-rank KV layout from raw dimensions.
 
     ``latent_width`` (MLA: kv_lora_rank + qk_rope_head_dim) replaces ``2·H_kv·d_h``; the
-    head counts are then ignored. TP must divide H_kv, or be a multiple of it (replication).
+    head counts are then ignored. TP must divide H_kv, or be a multiple of it (replication);
+    errors name the TP knob as ``knobs`` spells it.
     """
-    for flag, value in (("layers", num_layers), ("tp", tp)):
+    for flag, value in (("layers", num_layers), (knobs.tp, tp)):
         _require_positive(flag, value)
     dtype_size = kv_dtype_bytes(dtype)
     if latent_width is not None:
@@ -109,29 +128,31 @@ def kv_layout(num_layers: int, num_kv_heads: int, head_dim: int, *, dtype: str =
     _require_positive("head dim", head_dim)
     if tp <= num_kv_heads:
         if num_kv_heads % tp:
-            raise KvplanError(f"tp={tp} does not divide the {num_kv_heads} KV heads")
+            raise KvplanError(f"{knobs.tp} {tp} does not divide the {num_kv_heads} KV heads")
         heads = num_kv_heads // tp
         return KVLayout(num_layers, 2 * heads * head_dim, dtype.lower(), dtype_size, tp,
                         heads, False)
     if tp % num_kv_heads:
-        raise KvplanError(f"tp={tp} exceeds the {num_kv_heads} KV heads and is not a multiple"
-                          " of them (vLLM replicates each head on tp / H_kv ranks)")
+        raise KvplanError(f"{knobs.tp} {tp} exceeds the {num_kv_heads} KV heads and is not a"
+                          " multiple of them (vLLM replicates each head on tp / H_kv ranks)")
     note = (f"tp={tp} > {num_kv_heads} KV heads: each KV head is replicated on"
             f" {tp // num_kv_heads} ranks; every rank holds 1 KV head")
     return KVLayout(num_layers, 2 * head_dim, dtype.lower(), dtype_size, tp, 1, True, (note,))
 
 
-def model_kv_layout(model: ModelConfig, kv_cache_dtype: str = "auto", tp: int = 1) -> KVLayout:
+def model_kv_layout(model: ModelConfig, kv_cache_dtype: str = "auto", tp: int = 1, *,
+                    knobs: KnobNames = CLI_FLAGS) -> KVLayout:
     """The per-rank KV layout of ``model`` (``"auto"`` dtype = the model's torch_dtype); its
-    notes say when sliding-window layers were sized as full attention."""
+    notes say when sliding-window layers were sized as full attention. Errors name the TP knob
+    as ``knobs`` spells it."""
     dtype = resolve_kv_dtype(model, kv_cache_dtype)
-    _require_positive("tp", tp)
+    _require_positive(knobs.tp, tp)
     if model.num_attention_heads % tp:
-        raise KvplanError(f"tp={tp} does not divide {model.name}'s {model.num_attention_heads}"
-                          " attention heads")
+        raise KvplanError(f"{knobs.tp} {tp} does not divide {model.name}'s"
+                          f" {model.num_attention_heads} attention heads")
     latent = model.kv_latent_width if model.is_mla else None
     layout = kv_layout(model.num_hidden_layers, model.num_key_value_heads, model.head_dim,
-                       dtype=dtype, tp=tp, latent_width=latent)
+                       dtype=dtype, tp=tp, latent_width=latent, knobs=knobs)
     # Sliding-window layers are sized as full attention (hybrid KV is not modelled): say so,
     # since every capacity figure built on this layout is then an upper bound on KV.
     note = model.attention_note
@@ -204,13 +225,16 @@ class KVCapacity:
 def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype: str = "auto",
                 block_size: int = 16, gpu_memory_utilization: float = 0.9,
                 max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
-                max_model_len: int | None = None, quantization: str = "auto") -> KVCapacity:
+                max_model_len: int | None = None, quantization: str = "auto",
+                knobs: KnobNames = CLI_FLAGS) -> KVCapacity:
     """KV blocks that fit on each rank of ``gpu`` serving ``model`` (module docstring formula).
 
     ``max_model_len`` defaults to the model's ``max_position_embeddings``; ``quantization`` is
     vLLM's ``--quantization`` (``auto`` = the checkpoint's; see simulator/kv/quantization.py).
     Raises KvplanError when the weights (or weights plus activations) leave no room for even
-    one block, or for a quantization the model or GPU cannot take.
+    one block, or for a quantization the model or GPU cannot take; its advice names the knobs
+    as ``knobs`` spells them (``kvplan size``'s flags by default, a scenario's keys with
+    :data:`SCENARIO_KEYS`).
     """
     for flag, value in (("block size", block_size), ("max num batched tokens",
                         max_num_batched_tokens), ("max num seqs", max_num_seqs)):
@@ -220,14 +244,14 @@ def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype
                           f" got {gpu_memory_utilization}")
     model_len = model.max_position_embeddings if max_model_len is None else max_model_len
     _require_positive("max model len", model_len)
-    layout = model_kv_layout(model, kv_cache_dtype, tp)
+    layout = model_kv_layout(model, kv_cache_dtype, tp, knobs=knobs)
     budget = int(gpu_memory_utilization * gpu.hbm_bytes)
     weight_format = resolve_quantization(model, quantization, gpu)
     weights = math.ceil(weight_format.weight_bytes / tp)
     if weights >= budget:
         raise KvplanError(f"{model.name} weights ({weights / GIB:.1f} GiB per rank) do not fit in"
                           f" {gpu_memory_utilization:.2f} × {gpu.hbm_gib:g} GiB of {gpu.name};"
-                          " raise --tp")
+                          f" raise {knobs.tp}")
     activations = activation_bytes(model, tp=tp, max_num_batched_tokens=max_num_batched_tokens,
                                    max_num_seqs=max_num_seqs)
     available = budget - weights - activations - NON_TORCH_OVERHEAD_BYTES
@@ -237,15 +261,15 @@ def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype
             f"no room for the KV cache of {model.name} on {gpu.name}:"
             f" {gpu_memory_utilization:.2f} × {gpu.hbm_gib:g} GiB − weights {weights / GIB:.2f} GiB"
             f" − activations {activations / GIB:.2f} GiB − overhead"
-            f" {NON_TORCH_OVERHEAD_BYTES / GIB:.2f} GiB = {available / GIB:.2f} GiB; raise --tp or"
-            " --gpu-memory-utilization, or lower --max-num-batched-tokens")
+            f" {NON_TORCH_OVERHEAD_BYTES / GIB:.2f} GiB = {available / GIB:.2f} GiB; raise {knobs.tp}"
+            f" or {knobs.gpu_memory_utilization}, or lower {knobs.max_num_batched_tokens}")
     num_blocks = available // block_bytes
     capacity = num_blocks * block_size
     notes = list(layout.notes) + list(weight_format.notes)
     if capacity < model_len:
         notes.append(f"max_model_len {model_len:,} exceeds the KV capacity ({capacity:,} tokens):"
                      " one full-length request does not fit (vLLM refuses to start);"
-                     " lower --max-model-len")
+                     f" lower {knobs.max_model_len}")
     return KVCapacity(
         model_name=model.name, gpu_name=gpu.name, tp=tp, kv_cache_dtype=layout.dtype,
         block_size=block_size, bytes_per_token=layout.bytes_per_token, block_bytes=block_bytes,

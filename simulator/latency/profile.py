@@ -129,6 +129,15 @@ def read_profile(path: str | Path) -> Profile:
     for key in ("model", "tensor_parallel", "kv_cache_dtype", "block_size", "device", "latency_model"):
         if key not in raw:
             raise KvplanError(f"{where}: missing key '{key}'")
+    for key in ("tensor_parallel", "block_size"):
+        value = raw[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise KvplanError(f"{where}: {key} must be a positive integer, got {value!r}")
+    for key in ("model", "kv_cache_dtype", "device"):
+        if not isinstance(raw[key], str) or not raw[key].strip():
+            raise KvplanError(f"{where}: {key} must be a name, got {raw[key]!r}")
+    if raw.get("gpu") is not None and not isinstance(raw["gpu"], str):
+        raise KvplanError(f"{where}: gpu must be a catalog name or null, got {raw['gpu']!r}")
     lm = raw["latency_model"]
     if not isinstance(lm, dict) or lm.get("form") != FORM:
         raise KvplanError(f"{where}: latency_model.form must be '{FORM}'")
@@ -147,9 +156,9 @@ def read_profile(path: str | Path) -> Profile:
     if clean["const"] <= 0 and all(v == 0 for v in clean.values()):
         raise KvplanError(f"{where}: every latency coefficient is zero")
     return Profile(
-        path=where, model=str(raw["model"]), tensor_parallel=int(raw["tensor_parallel"]),
-        kv_cache_dtype=str(raw["kv_cache_dtype"]), block_size=int(raw["block_size"]),
-        device=str(raw["device"]), gpu=raw.get("gpu"), coefficients_s=clean, raw=raw,
+        path=where, model=raw["model"], tensor_parallel=raw["tensor_parallel"],
+        kv_cache_dtype=raw["kv_cache_dtype"], block_size=raw["block_size"],
+        device=raw["device"], gpu=raw.get("gpu"), coefficients_s=clean, raw=raw,
     )
 
 

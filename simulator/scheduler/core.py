@@ -131,13 +131,16 @@ class Scheduler:
         """Σ over resident sequences of KV tokens written (shared ones per sharer)."""
         return self._s1 + self._prefill_written
 
-    def head(self) -> tuple[int, int] | None:
-        """(tokens, final tokens) of the request that would be admitted next, for fragmentation."""
+    def head(self) -> tuple[int, int, int] | None:
+        """(tokens, final tokens, sequences) of the request that would be admitted next, for
+        fragmentation: each of its sequences needs that many tokens."""
         q = self.swapped or self.waiting
         if not q:
             return None
         g = q[0]
-        return (g.swapped_len + 1 if g.status is Status.SWAPPED else g.num_prefill_target, g.final_tokens)
+        if g.status is Status.SWAPPED:
+            return (g.swapped_len + 1, g.final_tokens, len(g.seq_ids))
+        return (g.num_prefill_target, g.final_tokens, g.num_seqs)
 
     # ------------------------------------------------------------------ schedule
     def schedule(self) -> StepPlan:

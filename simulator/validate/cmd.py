@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import datetime as dt
 import hashlib
-import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,13 +29,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from simulator.errors import KvplanError
 from simulator.latency import constants as rc
 from simulator.latency.constants import FIELDS, RooflineConstants
-from simulator.report import clean_json
+from simulator.outputs import RUNS_DIR, check_output, open_output
+from simulator.report import write_json
 from simulator.validate import fit as fitting
 from simulator.validate import report
 from simulator.validate.predict import SetupResult, simulate_setup
 from simulator.validate.setups import Setup, group_setups
 from simulator.validate.table import default_table_path, read_table, select_sources
 
+# What validate wrote before its folders carried outputs.MARKER: such a folder may be replaced.
+VALIDATE_FILES = ("validate.csv", "validate.json")
 FIT_ROUNDS = 3  # re-simulate and refit until the objective settles (it does in 2–3)
 # prefill_overhead_s stays 0: on the published data it trades almost one for one with
 # request_overhead_s (the fit objective within 1% either way), and a fixed cost per step that
@@ -72,11 +74,8 @@ def run(args: argparse.Namespace) -> int:
         raise KvplanError("--write fits the defaults on the whole shipped table: drop --source/--table")
     table = Path(args.table) if args.table else default_table_path()
     rows = select_sources(read_table(table), args.source)
-    out_dir = Path(args.out) if args.out else Path("runs") / "validate"
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise KvplanError(f"--out {out_dir}: cannot create the folder ({err.strerror})") from None
+    out_dir = Path(args.out) if args.out else RUNS_DIR / "validate"
+    check_output(out_dir, recognised=VALIDATE_FILES)  # a bad --out fails now, not after the simulations
     console = Console() if sys.stdout.isatty() else Console(width=140)
     setups = group_setups(rows)
     skipped = {r.row_id: s.skip_reason for s in setups if s.skip_reason for r in s.rows}
@@ -116,12 +115,14 @@ def run(args: argparse.Namespace) -> int:
                          "refit with kvplan validate --fit --write")
     summary["notes"] = notes
     payload = {"table": str(table), "constants": used, "fit": fit_info, "summary": summary}
-    report.write_csv(out_dir / "validate.csv", items)
-    _write_json(out_dir / "validate.json", payload)
-    if not args.no_plots:
-        report.plot(out_dir / "validate.png", items,
-                    f"kvplan vs {summary['num_simulated']} published measurements "
-                    f"({summary['num_sources']} sources)")
+    # Locked while it writes: the results replace the folder as a whole (simulator/outputs.py).
+    with open_output(out_dir, command="validate", recognised=VALIDATE_FILES) as folder:
+        report.write_csv(folder.staging / "validate.csv", items)
+        _write_json(folder.staging / "validate.json", payload)
+        if not args.no_plots:
+            report.plot(folder.staging / "validate.png", items,
+                        f"kvplan vs {summary['num_simulated']} published measurements "
+                        f"({summary['num_sources']} sources)")
     if args.write:
         assert fit_info is not None and constants is not None
         fit_info["error"] = _error_digest(summary)
@@ -221,9 +222,7 @@ def _sha256(path: Path) -> str:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(clean_json(data), indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_json(path, data)  # atomic, through a temporary name of its own
 
 
 def _ticking(items: Sequence[Setup], tick: Callable[[], None]):  # type: ignore[no-untyped-def]

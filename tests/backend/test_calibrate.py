@@ -81,7 +81,7 @@ def test_quiet_layers_run_prints_nothing_and_records_the_layers(tmp_path: Path,
 @pytest.mark.parametrize(("argv", "message"), [
     (["--model", "llama-9"], "unknown model 'llama-9'"),
     (["--model", "deepseek-v3", "--device", "cpu"], "DeepSeek-V3 uses MLA"),
-    (["--model", "tiny", "--device", "cpu", "--tp", "3"], "tp=3 does not divide"),
+    (["--model", "tiny", "--device", "cpu", "--tp", "3"], "--tp 3 does not divide"),
     (["--model", "tiny", "--device", "cpu", "--layers", "3"], "--layers must be in 1..2"),
     (["--model", "tiny", "--device", "tpu"], "unknown --device 'tpu'"),
     (["--model", "tiny", "--device", "cpu", "--kv-cache-dtype", "fp4"], "unknown KV cache dtype 'fp4'"),

@@ -36,6 +36,7 @@ def test_short_cpu_replay_makes_identical_decisions(tmp_path):
     assert 0 <= paged["steps"]["mape"] < 2.0
     for name in ("fidelity.json", "fidelity.png", "profile.yaml", "real_requests.csv", "sim_requests.csv"):
         assert (tmp_path / name).stat().st_size > 0
+    assert report["profile"] == str(tmp_path / "profile.yaml")  # where it is, not where it was staged
     # every request of both runs is accounted for
     assert sum(g.status.value in ("finished", "rejected") for g in result.real.groups) == 16
     assert paged["measurement_spread"]["throughput_tok_s"] is not None

@@ -136,7 +136,7 @@ def test_rank_shape_of_tensor_parallel_ranks() -> None:
 
 @pytest.mark.parametrize(("name", "kwargs", "message"), [
     ("deepseek-v3", {}, "DeepSeek-V3 uses MLA"),
-    ("llama-3.1-8b", {"tp": 3}, "tp=3 does not divide"),
+    ("llama-3.1-8b", {"tp": 3}, "--tp 3 does not divide"),
     ("llama-3.1-8b", {"num_layers": 33}, "--layers must be in 1..32"),
     ("llama-3.1-8b", {"num_layers": 0}, "--layers must be in 1..32"),
 ])

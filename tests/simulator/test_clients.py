@@ -240,6 +240,7 @@ def test_documented_programmatic_use_obeys_littles_law(tmp_path: Path) -> None:
 
 def test_simulate_command_is_byte_identical_and_records_sends(tmp_path: Path) -> None:
     data = {"name": "loop", "model": "llama-3.1-8b", "gpu": "l4", "max_num_seqs": 8,
+            "max_model_len": 4096,  # the default 131,072 does not fit an L4's KV: vLLM refuses it
             "allocators": ["paged", "contiguous-pow2"],
             "workload": {"prompt_tokens": {"dist": "uniform", "low": 50, "high": 400},
                          "output_tokens": {"dist": "uniform", "low": 5, "high": 60},

@@ -257,7 +257,7 @@ def test_nans_in_steps_requests_and_summary(tmp_path):
     steps.loc[3::11, "kv_free"] = np.nan
     steps.loc[4::13, "num_waiting"] = np.nan
     summary = make_summary(make_steps(allocators), allocators)
-    summary["contiguous-pow2"]["throughput_tok_s"] = math.nan
+    summary["contiguous-pow2"]["ttft_s"]["p99"] = math.nan
     summary["contiguous-pow2"]["kv"]["token_state"] = None
     assert_pngs(write(tmp_path, allocators, steps=steps, summary=summary))
 
@@ -280,8 +280,8 @@ def test_missing_summary_field_is_named(tmp_path):
     with pytest.raises(KvplanError, match="'paged' has no field 'max_batch_size'"):
         write(tmp_path, ["paged"], summary=summary)
     summary = make_summary(make_steps(["paged"]), ["paged"])
-    summary["paged"]["throughput_tok_s"] = "fast"
-    with pytest.raises(KvplanError, match="'paged.throughput_tok_s' is 'fast', not a number"):
+    summary["paged"]["ttft_s"]["p99"] = "fast"
+    with pytest.raises(KvplanError, match="'paged.ttft_s.p99' is 'fast', not a number"):
         write(tmp_path / "out", ["paged"], summary=summary)
     assert not (tmp_path / "out").exists()  # checked before anything is written
 

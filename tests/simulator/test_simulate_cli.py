@@ -84,7 +84,7 @@ def test_summary_has_every_field_for_every_allocator(full_run):
     summary = json.loads((full_run / "summary.json").read_text())
     assert list(summary) == ALLOCATORS
     for name, s in summary.items():
-        assert set(s) == SUMMARY_FIELDS | {"max_model_len_policy"}, name
+        assert set(s) == SUMMARY_FIELDS | {"max_model_len_policy", "saturated", "queue_growth_s_per_s"}, name
         policy = s["max_model_len_policy"]
         assert (policy["policy"], policy["max_model_len"]) == ("reject", 1024)
         assert policy["num_rejected"] == s["rejected_by_reason"].get("max_model_len", 0) > 0

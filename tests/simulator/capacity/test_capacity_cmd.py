@@ -108,8 +108,9 @@ def test_interrupted_run_resumes_where_it_stopped(tmp_path: Path, count_simulati
 def test_failed_point_keeps_the_others(tmp_path: Path) -> None:
     path = scenario_file(tmp_path)
     out = tmp_path / "out"
+    # a distinct exit status says that a point failed; the table is written all the same
     assert run(str(path), "--sweep", "model=llama-3.1-8b,llama-3.1-70b", "--allocator", "paged",
-               "--seeds", "1", "--jobs", "1", "--out", str(out), "--quiet", "--no-plots") == 0
+               "--seeds", "1", "--jobs", "1", "--out", str(out), "--quiet", "--no-plots") == 3
     ok, failed = read_csv(out / "capacity.csv")
     assert ok["model"] == "llama-3.1-8b" and ok["status"] == "ok"
     assert failed["model"] == "llama-3.1-70b" and failed["status"] == "failed"
@@ -186,3 +187,28 @@ def test_missing_slo_is_an_error(tmp_path: Path) -> None:
         run(str(path), "--quiet")
     assert str(err.value) == (f"{path}: capacity needs an 'slo:' section "
                               "(e.g. slo: {ttft_p99_s: 2.0, tpot_p99_s: 0.1})")
+
+
+def test_exit_status_says_a_point_failed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Through the real CLI: 3 when some points failed (the table still written), 2 when all did."""
+    from simulator.cli import main
+
+    path = scenario_file(tmp_path)
+    common = ("--allocator", "paged", "--seeds", "1", "--jobs", "1", "--no-plots")
+    assert main(["capacity", str(path), "--sweep", "gpu=h100,h1000", *common, "--out", str(tmp_path / "a")]) == 3
+    assert [r["status"] for r in read_csv(tmp_path / "a" / "capacity.csv")] == ["ok", "failed"]
+    captured = capsys.readouterr()
+    assert "point 1 failed:" in captured.out
+    assert "kvplan: capacity: 1 of 2 sweep points failed, the others were searched (exit status 3)" in captured.err
+    assert main(["capacity", str(path), "--sweep", "gpu=h1000,h2000", *common, "--out", str(tmp_path / "b")]) == 2
+    assert "every sweep point failed" in capsys.readouterr().err
+
+
+def test_no_sweep_ignores_the_files_sweep(tmp_path: Path) -> None:
+    path = scenario_file(tmp_path, sweep={"block_size": [16, 32], "max_num_seqs": [2, 4]})
+    common = ("--allocator", "paged", "--seeds", "1", "--jobs", "1", "--quiet", "--no-plots")
+    assert run(str(path), "--no-sweep", *common, "--out", str(tmp_path / "a")) == 0
+    (row,) = read_csv(tmp_path / "a" / "capacity.csv")
+    assert row["point"] == "0" and "block_size" not in row  # the scenario's own block size
+    assert run(str(path), "--no-sweep", "--sweep", "block_size=32", *common, "--out", str(tmp_path / "b")) == 0
+    assert [r["block_size"] for r in read_csv(tmp_path / "b" / "capacity.csv")] == ["32"]

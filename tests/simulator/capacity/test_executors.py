@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -88,3 +89,16 @@ def test_a_failing_task_propagates() -> None:
     bad = dataclasses.replace(tasks()[0], scenario={**SCENARIO, "gpu": "h1000"})
     with pytest.raises(KvplanError, match="unknown GPU 'h1000'"):
         ProcessExecutor(2).run(run_search, [bad, *tasks()[:1]])
+
+
+def test_a_dead_worker_is_a_clear_error_not_a_hang() -> None:
+    """os._exit(3) ends the worker outright, as the OOM killer would (no result, no exception)."""
+    with pytest.raises(KvplanError, match=r"a worker process died \(exit code 3\) while running task 0"):
+        ProcessExecutor(2).run(os._exit, [3])
+
+
+def test_a_task_error_carries_the_worker_traceback() -> None:
+    bad = dataclasses.replace(tasks()[0], scenario={**SCENARIO, "workload": {"num_requests": "x"}})
+    with pytest.raises(KvplanError) as err:
+        ProcessExecutor(2).run(run_search, [bad])
+    assert "Traceback" in str(err.value.__cause__) and "run_search" in str(err.value.__cause__)

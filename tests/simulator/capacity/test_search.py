@@ -27,6 +27,7 @@ from simulator.capacity.search import (
 )
 from simulator.scenario import SLOSpec, parse_scenario
 from workloads.spec import WorkloadSpec, build_requests
+from workloads.synthetic import mean_rate_per_s, rescale_to_rate
 
 STEP_S = 0.1
 
@@ -194,12 +195,17 @@ def test_probe_json_round_trip() -> None:
 
 @pytest.mark.parametrize("extra", [{"num_requests": 300}, {"num_requests": 50, "n": 2},
                                    {"start_s": 20.0, "duration_s": 40.0}])
-def test_rate_workload_equals_build_requests(extra: dict[str, Any]) -> None:
+def test_rate_workload_rescales_the_selected_requests(extra: dict[str, Any]) -> None:
+    """The requests the scenario selects (as simulate would), at exactly the rate searched: the
+    same requests at every rate, only their arrival times scaled."""
     spec = WorkloadSpec.model_validate({"trace": "bundled:azure-conv", "rate_scale": 2.0, **extra})
     workload = RateWorkload(spec, seed=0, base_dir=Path("."))
+    selected = build_requests(spec, seed=0, base_dir=Path("."))
     for rate in (3.0, 17.5):
-        direct = spec.model_copy(update={"rate": rate, "rate_scale": None})
-        assert workload.at_rate(rate) == build_requests(direct, seed=0, base_dir=Path("."))
+        requests = workload.at_rate(rate)
+        assert mean_rate_per_s(requests) == pytest.approx(rate, rel=1e-12)
+        assert requests == rescale_to_rate(selected, rate)
+        assert [r.prompt_tokens for r in requests] == [r.prompt_tokens for r in selected]
 
 
 def test_synthetic_workload_follows_the_seed() -> None:

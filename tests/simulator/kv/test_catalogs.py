@@ -12,6 +12,7 @@ import pytest
 from simulator.errors import KvplanError
 from simulator.kv.gpus import GPUSpec, get_gpu, list_gpus
 from simulator.kv.models import get_model, list_models, load_model
+from simulator.kv.sizing import bytes_per_token
 
 GIB = 2**30
 
@@ -170,6 +171,43 @@ def test_bad_field_values(tmp_path: Path, key: str, value: object, message: str)
     with pytest.raises(KvplanError, match=message) as err:
         load_model(path)
     assert str(path) in str(err.value)
+
+
+def test_zero_attention_heads_is_an_error_not_a_division_by_zero(tmp_path: Path) -> None:
+    path = _write(tmp_path, {**LLAMA_8B_CONFIG, "num_attention_heads": 0})
+    with pytest.raises(KvplanError, match="field 'num_attention_heads' must be a positive integer"):
+        load_model(path)
+
+
+def test_config_without_a_dtype_is_served_in_bfloat16_as_vllm_does(tmp_path: Path) -> None:
+    # vLLM reads a missing torch_dtype as float32, and --dtype auto serves a float32 checkpoint
+    # in bfloat16 on every GPU kvplan knows (vllm/config/model.py _resolve_auto_dtype).
+    config = {k: v for k, v in LLAMA_8B_CONFIG.items() if k != "torch_dtype"}
+    assert load_model(_write(tmp_path, config)).torch_dtype == "bfloat16"
+    fp32 = load_model(_write(tmp_path, {**config, "torch_dtype": "float32"}))
+    assert fp32.torch_dtype == "bfloat16"
+    assert bytes_per_token(fp32) == bytes_per_token(get_model("llama-3.1-8b")) == 32 * 8 * 128 * 2 * 2
+    assert load_model(_write(tmp_path, {**config, "torch_dtype": "float16"})).torch_dtype == "float16"
+
+
+@pytest.mark.parametrize(("rope_scaling", "window"), [
+    (None, 32_768),
+    ({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32_768}, 131_072),
+    ({"rope_type": "linear", "factor": 2.0}, 65_536),
+    ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}, 32_768),
+])
+def test_window_is_the_one_vllm_derives(tmp_path: Path, rope_scaling: object, window: int) -> None:
+    config = {**LLAMA_8B_CONFIG, "max_position_embeddings": 32_768, "rope_scaling": rope_scaling}
+    assert load_model(_write(tmp_path, config)).max_position_embeddings == window
+
+
+def test_a_config_file_is_named_after_the_model(tmp_path: Path) -> None:
+    unnamed = {k: v for k, v in LLAMA_8B_CONFIG.items() if k != "_name_or_path"}
+    (tmp_path / "cfg").mkdir()
+    assert load_model(_write(tmp_path / "cfg", unnamed, "llama-8b.json")).name == "llama-8b"
+    (tmp_path / "Llama-3.1-8B").mkdir()
+    assert load_model(_write(tmp_path / "Llama-3.1-8B", unnamed)).name == "Llama-3.1-8B"
+    assert load_model(_write(tmp_path / "cfg", LLAMA_8B_CONFIG, "x.json")).name == "meta-llama/Llama-3.1-8B"
 
 
 def test_invalid_json_names_the_line(tmp_path: Path) -> None:

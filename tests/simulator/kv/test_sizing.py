@@ -97,7 +97,7 @@ def test_tp_beyond_kv_heads_replicates(tp: int) -> None:
 
 
 def test_tp_that_fits_neither_way_is_an_error() -> None:
-    with pytest.raises(KvplanError, match="tp=3 does not divide"):
+    with pytest.raises(KvplanError, match="--tp 3 does not divide"):
         kv_layout(32, 8, 128, tp=3)
     with pytest.raises(KvplanError, match="not a multiple"):
         kv_layout(32, 8, 128, tp=12)

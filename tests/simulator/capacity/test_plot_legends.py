@@ -1,0 +1,54 @@
+"""Capacity plots name every line they draw (the SLO bounds, each allocator's capacity) in a
+legend that sits under the panels, never on the data."""
+
+from __future__ import annotations
+
+import pytest
+from matplotlib.lines import Line2D
+
+from simulator.capacity import cmd, plots, search
+from tests.simulator.capacity.test_capacity_cmd import scenario_file
+from tests.simulator.test_plots_readable import assert_no_legend_on_data
+
+
+@pytest.fixture(scope="module")
+def by_allocator(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[search.SearchResult]]:
+    folder = tmp_path_factory.mktemp("capacity")
+    report = cmd.run_capacity(str(scenario_file(folder)), num_seeds=1, jobs=1, out=str(folder / "o"),
+                              quiet=True, use_cache=False, plots_on=False)
+    return {r.allocator: [r] for r in report.results}
+
+
+def test_point_legend_names_the_slo_and_the_capacity_lines(by_allocator) -> None:
+    slo = search.SLOSpec(ttft_p99_s=0.3, tpot_p99_s=0.1)
+    fig = plots.point_figure("t", by_allocator, slo)
+    assert_no_legend_on_data(fig)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels[:len(by_allocator)] == [f"{a}: probes (first seed)" for a in by_allocator]
+    assert "SLO: p99 TTFT ≤ 0.3 s, p99 TPOT ≤ 0.1 s" in labels
+    assert "capacity: highest rate meeting the SLO (allocator's colour)" in labels
+    # every allocator that passed somewhere has its capacity line and its rate written on top
+    throughput_ax = fig.axes[0]
+    written = {t.get_text() for t in throughput_ax.texts}
+    for results in by_allocator.values():
+        if results[0].lo_rate_req_s > 0:
+            assert f"{results[0].lo_rate_req_s:.3g}" in written
+
+
+def test_point_legend_without_an_slo_bound_on_tpot(by_allocator) -> None:
+    fig = plots.point_figure("t", by_allocator, search.SLOSpec(ttft_p99_s=0.3))
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "SLO: p99 TTFT ≤ 0.3 s" in labels
+
+
+def test_sweep_figures_share_one_legend_under_the_panels() -> None:
+    """capacity_vs_block_size and capacity_per_dollar draw the same allocators in every panel:
+    one entry each, under all panels, plus the figure's own keys."""
+    fig, axes = plots._grid(3, "t")
+    for ax in axes[:3]:
+        for i, allocator in enumerate(("paged", "contiguous-max")):
+            ax.plot([8, 16, 32], [3 - i, 4 - i, 5 - i], label=allocator)
+    extra = Line2D([], [], color="#555555", marker="|", linestyle="none", label="bars: range")
+    plots._legend_below(fig, axes, extra)
+    assert_no_legend_on_data(fig)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["paged", "contiguous-max", "bars: range"]
