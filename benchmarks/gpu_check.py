@@ -135,6 +135,8 @@ def missing_message(imports: dict[str, str | None]) -> str:
 
 def describe_machine() -> dict[str, Any]:
     """GPU name and the versions that matter, without failing where there is no GPU."""
+    # Each probe below may find nothing (no torch, no triton, no driver): its field then stays
+    # None in the results JSON, which is the honest record of what the machine had.
     info: dict[str, Any] = {"python": platform.python_version(), "torch": None, "triton": None,
                             "cuda": None, "gpu": None, "gpu_count": 0, "nvidia_smi": None}
     try:
@@ -146,17 +148,17 @@ def describe_machine() -> dict[str, Any]:
             info["gpu"] = torch.cuda.get_device_name(0)
             info["gpu_count"] = torch.cuda.device_count()
     except ImportError:
-        pass
+        pass  # torch missing: torch, cuda and gpu stay None
     try:
         info["triton"] = importlib.metadata.version("triton")
     except importlib.metadata.PackageNotFoundError:
-        pass
+        pass  # triton not installed: stays None
     try:
         query = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
         smi = subprocess.run(query, capture_output=True, text=True, timeout=20)
         info["nvidia_smi"] = smi.stdout.strip() or None
     except (OSError, subprocess.TimeoutExpired):
-        pass
+        pass  # no nvidia-smi (or it hung): stays None
     return info
 
 
