@@ -17,6 +17,9 @@ integer ``seq_id``. The contract, shared by :class:`~simulator.kv.paged.PagedAll
 * ``fork(parent_id, child_id, num_tokens)`` gives ``child_id`` the parent's first ``num_tokens``
   tokens (parallel sampling, beam search): shared blocks when paged, a copy when contiguous.
 * ``free(seq_id)`` releases everything of the sequence at once.
+* ``cache_generation`` (moves whenever the prefix cache's set of hashes changes) and
+  ``free_blocks_for_growth()`` (block-boundary appends guaranteed to succeed) let a scheduler keep
+  a ``lookup`` result, or grow many sequences, without asking again.
 * ``snapshot(...)`` splits the pool into token state / reserved / internal / external / free.
 * ``check_invariants()`` raises ``AssertionError`` if any conservation law is broken.
 
@@ -105,9 +108,17 @@ class KVAllocator(ABC):
     * ``_dup_slots``: Σ over shared blocks of (refcount − 1) × block size (double-counted slots);
     * ``_saved_tokens``: Σ over shared blocks of (refcount − 1) × filled slots;
     * ``_sum_tokens``: Σ of the token counts last declared through allocate/append/fork.
+
+    ``cache_generation`` counts changes to the set of block hashes held in the prefix cache (a
+    hash registered, a cached block evicted); it only ever increases. Contract: ``lookup(hashes,
+    n)`` returns the same value for the same arguments as long as ``cache_generation`` has not
+    changed, so a caller may keep a lookup's result until the generation moves (a scheduler
+    re-checking the same waiting request every step). Allocators without a prefix cache keep it
+    at 0.
     """
 
     capacity_tokens: int
+    cache_generation: int  # see the class docstring; 0 forever without a prefix cache
     forks_share_memory: bool = False  # fork shares KV (paged) or copies it into a new region
 
     def __init__(self) -> None:
@@ -119,6 +130,7 @@ class KVAllocator(ABC):
         self._dup_slots = 0
         self._saved_tokens = 0
         self._sum_tokens = 0
+        self.cache_generation = 0
 
     # ------------------------------------------------------------------ interface
     @abstractmethod
@@ -181,6 +193,16 @@ class KVAllocator(ABC):
     # ------------------------------------------------------------------ shared
     def lookup(self, block_hashes: Sequence[int], num_prompt_tokens: int) -> int:
         """Prompt tokens a new sequence would find in the prefix cache (none without one)."""
+        return 0
+
+    def free_blocks_for_growth(self) -> int:
+        """How many single-block appends — each by a different sequence whose last block is
+        private and full — are guaranteed to succeed now, whatever order they come in.
+
+        A scheduler can grow that many sequences without asking the allocator one by one. The
+        default, 0, is the contiguous allocator's: contiguous regions never grow (a sequence's
+        region is reserved whole at admission), so there is no block to hand out.
+        """
         return 0
 
     def __contains__(self, seq_id: int) -> bool:

@@ -27,6 +27,12 @@ Orderings that matter:
   prefix is the part other requests are likeliest to share. All of it is O(1) per block: the
   evictable list is an ordered dict (a doubly linked list underneath), so a cache hit takes a block
   out of the middle without a scan.
+
+Where the time goes: the simulator calls ``tokens_until_append`` once per block boundary and
+``append`` only where it says so, so the hot paths are a private last block growing by one block
+(from the free list, or by evicting one cached block) and ``allocate``/``free`` of whole prompts.
+Those are written out inline, and per-block prefix-cache work (registering a full block's hash)
+runs only once a block is full, never for a token that stays inside its block.
 """
 
 from __future__ import annotations
@@ -66,6 +72,12 @@ class PagedAllocator(KVAllocator):
         self._cache: dict[int, int] = {}  # block hash -> block id
         self._seq_hashes: dict[int, Sequence[int]] = {}
         self._num_hashed: dict[int, int] = {}  # blocks of the seq whose hash was considered
+        # seq -> token count at which its next hash can be registered (its next block is full);
+        # only sequences with hashes still to consider, so that append checks one threshold
+        self._hash_due: dict[int, int] = {}
+        # sequences that took part in a fork: without prefix caching, only their blocks can be
+        # shared, so any other sequence's blocks all go back to the free list in bulk
+        self._fork_family: set[int] = set()
         # statistics
         self.num_cow_copies = 0
         self.num_evictions = 0
@@ -79,6 +91,11 @@ class PagedAllocator(KVAllocator):
 
     def num_free_tokens(self) -> int:
         return self.num_free_blocks() * self.block_size
+
+    def free_blocks_for_growth(self) -> int:
+        """Every free block, evictable cached ones included: a sequence growing its private last
+        block by one block takes a plain free block or evicts one, never needs more."""
+        return self.num_free_blocks()
 
     def num_cached_blocks(self) -> int:
         return len(self._cache)
@@ -114,7 +131,8 @@ class PagedAllocator(KVAllocator):
         """Prompt tokens a new sequence would find in the prefix cache now.
 
         At least one prompt token is always computed (its logits produce the first output token),
-        so a fully cached prompt reports one block less.
+        so a fully cached prompt reports one block less. The answer depends only on which hashes
+        are cached, so it stays valid while ``cache_generation`` does not change.
         """
         if not block_hashes or not self.enable_prefix_caching:
             return 0
@@ -123,13 +141,12 @@ class PagedAllocator(KVAllocator):
 
     def tokens_until_append(self, seq_id: int, num_written: int) -> int:
         table = self.block_tables[seq_id]
-        if not table:
-            return 0
         capacity = len(table) * self.block_size
-        last = table[-1]
-        if self.ref_count[last] > 1 and num_written < capacity:
-            return 0  # the next write lands in a shared block: copy-on-write first
-        return capacity - num_written
+        if num_written < capacity:  # the common case first: room left in the last block
+            if self.ref_count[table[-1]] > 1:
+                return 0  # the next write lands in a shared block: copy-on-write first
+            return capacity - num_written
+        return capacity - num_written if table else 0
 
     def block_table(self, seq_id: int) -> tuple[int, ...]:
         return tuple(self.block_tables[seq_id])
@@ -145,13 +162,23 @@ class PagedAllocator(KVAllocator):
         if self._free:
             b = self._free.pop()
         else:
-            b, _ = self._evictable.popitem(last=False)
-            h = self.block_hash[b]
-            del self._cache[h]  # type: ignore[arg-type]
-            self.block_hash[b] = None
-            self.num_evictions += 1
+            b = self._evict(1)[0]
         self.ref_count[b] = 1
         return b
+
+    def _evict(self, n: int) -> list[int]:
+        """Take the ``n`` least recently freed cached blocks out of the cache (the caller checked
+        there are that many), oldest first; their refcounts stay 0."""
+        pop, cache, block_hash = self._evictable.popitem, self._cache, self.block_hash
+        out = []
+        for _ in range(n):
+            b, _ = pop(False)  # False: the first (oldest) item
+            del cache[block_hash[b]]  # type: ignore[arg-type]
+            block_hash[b] = None
+            out.append(b)
+        self.num_evictions += n
+        self.cache_generation += 1
+        return out
 
     def _release(self, b: int) -> None:
         """Drop one reference to ``b`` (keeping the sharing aggregates current)."""
@@ -176,20 +203,32 @@ class PagedAllocator(KVAllocator):
         self.ref_count[b] = rc + 1
 
     def _register_hashes(self, seq_id: int, num_tokens: int) -> None:
+        """Cache the sequence's blocks that ``num_tokens`` fills and whose hash is known.
+
+        Callers skip it below ``_hash_due[seq_id]`` (nothing new is full): the check is one dict
+        lookup per append, the loop runs once per full block.
+        """
         hashes = self._seq_hashes.get(seq_id)
         if not hashes:
             return
         done = self._num_hashed[seq_id]
-        upto = min(len(hashes), num_tokens // self.block_size)
+        bs = self.block_size
+        upto = min(len(hashes), num_tokens // bs)
         if upto <= done:
             return
         table, cache, block_hash = self.block_tables[seq_id], self._cache, self.block_hash
-        for i in range(done, upto):
-            h, b = hashes[i], table[i]
+        num_cached = len(cache)
+        for h, b in zip(hashes[done:upto], table[done:upto]):
             if block_hash[b] is None and h not in cache:
                 cache[h] = b
                 block_hash[b] = h
+        if len(cache) != num_cached:
+            self.cache_generation += 1
         self._num_hashed[seq_id] = upto
+        if upto < len(hashes):
+            self._hash_due[seq_id] = (upto + 1) * bs
+        else:
+            self._hash_due.pop(seq_id, None)
 
     # ------------------------------------------------------------------ interface
     def can_allocate(
@@ -223,13 +262,13 @@ class PagedAllocator(KVAllocator):
             new = free_list[len(free_list) - num_new :]
             del free_list[len(free_list) - num_new :]
             new.reverse()  # the same order as popping one at a time
-            for b in new:
-                ref_count[b] = 1
-                fill[b] = bs
-        else:
-            new = [self._take_block() for _ in range(num_new)]
-            for b in new:
-                fill[b] = bs
+        else:  # all the plain free blocks (in pop order), then evict the rest, oldest first
+            new = free_list[::-1]
+            free_list.clear()
+            new += self._evict(num_new - len(new))
+        for b in new:
+            ref_count[b] = 1
+            fill[b] = bs
         table = hits + new
         if need:
             last = table[-1]
@@ -244,21 +283,45 @@ class PagedAllocator(KVAllocator):
         if block_hashes and self.enable_prefix_caching:
             self._seq_hashes[seq_id] = block_hashes
             self._num_hashed[seq_id] = len(hits)
+            if len(hits) < len(block_hashes):
+                self._hash_due[seq_id] = (len(hits) + 1) * bs
             self._register_hashes(seq_id, num_tokens)
         return Allocation(seq_id, len(hits) * bs, need * bs)
 
     def append(self, seq_id: int, num_tokens: int) -> AppendResult | None:
         table = self.block_tables[seq_id]
-        bs, ref_count, fill = self.block_size, self.ref_count, self.fill
+        bs, ref_count = self.block_size, self.ref_count
         old_len = len(table)
         capacity = old_len * bs
+        # the common cases first. A caller that appends per token lands here: room left in a
+        # private last block
+        if 0 < num_tokens <= capacity and ref_count[table[-1]] == 1:
+            old_tokens = self.num_tokens[seq_id]
+            if num_tokens > old_tokens:
+                self.fill[table[-1]] = num_tokens - capacity + bs
+                self.num_tokens[seq_id] = num_tokens
+                self._sum_tokens += num_tokens - old_tokens
+                hash_due = self._hash_due
+                if hash_due and num_tokens >= hash_due.get(seq_id, num_tokens + 1):
+                    self._register_hashes(seq_id, num_tokens)
+            return NO_COPIES
+        fill = self.fill
         private_last = not old_len or ref_count[table[-1]] == 1
-        # the two common cases first (the simulator's hot path): room in a private last block, or
-        # exactly one new block after a private full one; everything else takes the general path
-        if private_last and num_tokens <= capacity + bs and (num_tokens <= capacity or self._free):
+        # the simulator's hot path: one new block after a private full one (or the same cases as
+        # above with nothing to declare); everything else takes the general path
+        if private_last and num_tokens <= capacity + bs and (
+            num_tokens <= capacity or self._free or self._evictable
+        ):
             old_tokens = self.num_tokens[seq_id]
             if num_tokens > capacity:
-                b = self._free.pop()
+                if self._free:
+                    b = self._free.pop()
+                else:  # _evict(1), written out: on a full pool this is every decode block
+                    b, _ = self._evictable.popitem(False)
+                    del self._cache[self.block_hash[b]]  # type: ignore[arg-type]
+                    self.block_hash[b] = None
+                    self.num_evictions += 1
+                    self.cache_generation += 1
                 ref_count[b] = 1
                 if old_len:
                     fill[table[-1]] = bs
@@ -274,7 +337,8 @@ class PagedAllocator(KVAllocator):
                 return NO_COPIES
             self.num_tokens[seq_id] = num_tokens
             self._sum_tokens += num_tokens - old_tokens
-            if seq_id in self._seq_hashes:
+            hash_due = self._hash_due
+            if hash_due and num_tokens >= hash_due.get(seq_id, num_tokens + 1):
                 self._register_hashes(seq_id, num_tokens)
             return NO_COPIES
         cow = False
@@ -309,7 +373,7 @@ class PagedAllocator(KVAllocator):
             fill[table[need - 1]] = num_tokens - (need - 1) * bs
             self.num_tokens[seq_id] = num_tokens
             self._sum_tokens += num_tokens - old_tokens
-            if seq_id in self._seq_hashes:
+            if num_tokens >= self._hash_due.get(seq_id, num_tokens + 1):
                 self._register_hashes(seq_id, num_tokens)
         return result
 
@@ -334,34 +398,49 @@ class PagedAllocator(KVAllocator):
         self._sum_alloc += n * bs
         self._sum_useful += min(n * bs, final)
         self._sum_tokens += num_tokens
+        self._fork_family.add(parent_id)
+        self._fork_family.add(child_id)
         if parent_id in self._seq_hashes:
-            self._seq_hashes[child_id] = self._seq_hashes[parent_id]
-            self._num_hashed[child_id] = min(self._num_hashed[parent_id], n)
+            hashes = self._seq_hashes[child_id] = self._seq_hashes[parent_id]
+            done = self._num_hashed[child_id] = min(self._num_hashed[parent_id], n)
+            if done < len(hashes):
+                self._hash_due[child_id] = (done + 1) * bs
         return NO_COPIES
 
     def free(self, seq_id: int) -> None:
         table = self.block_tables.pop(seq_id)
         ref_count = self.ref_count
-        if not self._dup_slots and not self._cache:
-            # nothing is shared or cached anywhere: every block goes straight back, in bulk
+        bs = self.block_size
+        if not self._cache and (
+            not self._dup_slots or (not self.enable_prefix_caching and seq_id not in self._fork_family)
+        ):
+            # nothing of it is shared or cached: every block goes straight back, in bulk
             for b in table:
                 ref_count[b] = 0
             self._free.extend(reversed(table))
-        else:
-            block_hash, free_list = self.block_hash, self._free
+        else:  # _release per block, written out: this loop runs once per block of every request
+            block_hash, free_list, evictable, fill = self.block_hash, self._free, self._evictable, self.fill
+            dup = saved = 0
             for b in reversed(table):  # tail first: the tail is evicted before the shared prefix
-                if ref_count[b] == 1 and block_hash[b] is None:  # the common case, inlined
-                    ref_count[b] = 0
+                rc = ref_count[b] - 1
+                ref_count[b] = rc
+                if rc:
+                    dup += bs
+                    saved += fill[b]
+                elif block_hash[b] is None:
                     free_list.append(b)
                 else:
-                    self._release(b)
-        bs = self.block_size
+                    evictable[b] = None  # most recently freed: evicted last
+            self._dup_slots -= dup
+            self._saved_tokens -= saved
         final = self.final_tokens.pop(seq_id)
         self._sum_alloc -= len(table) * bs
         self._sum_useful -= min(len(table) * bs, final)
         self._sum_tokens -= self.num_tokens.pop(seq_id)
         self._seq_hashes.pop(seq_id, None)
         self._num_hashed.pop(seq_id, None)
+        self._hash_due.pop(seq_id, None)
+        self._fork_family.discard(seq_id)
 
     # ------------------------------------------------------------------ invariants
     def check_invariants(self) -> None:
@@ -391,6 +470,15 @@ class PagedAllocator(KVAllocator):
         for h, b in self._cache.items():
             assert self.block_hash[b] == h, f"cache entry {h} -> {b} disagrees with the block"
         assert self.enable_prefix_caching or not self._cache
+        for seq_id, hashes in self._seq_hashes.items():
+            done = self._num_hashed[seq_id]
+            due = (done + 1) * bs if done < len(hashes) else None
+            assert self._hash_due.get(seq_id) == due, f"sequence {seq_id}: hash threshold {due} is stale"
+        assert self._hash_due.keys() <= self._seq_hashes.keys() <= self.block_tables.keys()
+        if not self.enable_prefix_caching:  # only forks share blocks, so free() may skip the rest
+            for seq_id, table in self.block_tables.items():
+                if seq_id not in self._fork_family:
+                    assert all(refs[b] == 1 for b in table), f"sequence {seq_id} shares, unforked"
         dup = saved = 0
         for b in used:
             assert 0 < self.fill[b] <= bs or refs[b] == 1, f"shared block {b} with fill {self.fill[b]}"

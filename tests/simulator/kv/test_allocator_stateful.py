@@ -24,6 +24,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     @initialize()
     def setup(self):
         self.alloc = self.make_allocator()
+        self.generation = 0
         self.written: dict[int, int] = {}
         self.final: dict[int, int] = {}
         self.next_id = 0
@@ -102,6 +103,12 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert all(p >= 0 for p in parts), snap
         assert sum(parts) == snap.capacity_tokens
         assert snap.shared_saved_tokens >= 0
+        # the prefix-cache generation only moves forward, and only with a prefix cache
+        assert self.alloc.cache_generation >= self.generation
+        if not getattr(self.alloc, "enable_prefix_caching", False):
+            assert self.alloc.cache_generation == 0
+        self.generation = self.alloc.cache_generation
+        assert 0 <= self.alloc.free_blocks_for_growth() <= self.alloc.num_free_tokens()
 
 
 def _machine(name, factory):
