@@ -2,6 +2,8 @@
 
 Every loader returns ``list[Request]`` in file order, with ``request_id`` = row order
 (0..N-1) and ``arrival_s`` relative to the first request (the first is 0.0).
+:func:`iter_trace` yields the same requests one at a time, reading the file only as far as
+it is iterated, so that a slice of a multi-gigabyte trace costs what its own rows cost.
 
 Every row is validated and a bad one raises :class:`KvplanError` naming the file and line
 (``trace.csv:17: ContextTokens 'abc' is not an integer``): prompts need at least one token,
@@ -18,9 +20,10 @@ import logging
 import math
 import re
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from datetime import date
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TextIO, get_args
 
@@ -156,39 +159,77 @@ class _DatetimeParser:
 
 # --- assembling requests ------------------------------------------------------------------
 
+# A validated row: (seconds on the trace's own clock, prompt tokens, output tokens, prefix ids).
+_Row = tuple[float, int, int, tuple[int, ...]]
 
-class _TraceBuilder:
-    """Collects validated rows, enforces time order, and numbers the requests."""
+SHARED_VALUES_LIMIT = 1 << 16  # distinct values one _Shared remembers before it starts afresh
 
-    def __init__(self, where: str) -> None:
-        self.where = where
-        self._rows: list[tuple[float, int, int, tuple[int, ...]]] = []
+
+class _Shared:
+    """One ``int`` object per distinct value read, so that a million requests with a few
+    thousand distinct lengths hold a few thousand ``int`` objects rather than two million (28
+    bytes each on 64-bit CPython, ``sys.getsizeof(1000)``), and Mooncake rows naming the same
+    hash ids share them (the bundled trace names 43,924 distinct ids 121,877 times).
+
+    Only equal values are merged, so every request reads exactly as before. The memory stays
+    bounded whatever the trace: after :data:`SHARED_VALUES_LIMIT` distinct values it forgets
+    them and starts afresh (a pass over a whole trace that keeps no rows must not grow).
+    """
+
+    __slots__ = ("_seen",)
+
+    def __init__(self) -> None:
+        self._seen: dict[int, int] = {}
+
+    def value(self, value: int) -> int:
+        seen = self._seen
+        if len(seen) >= SHARED_VALUES_LIMIT:
+            seen.clear()
+        return seen.setdefault(value, value)
+
+    def ids(self, values: list[int]) -> tuple[int, ...]:
+        """``tuple(values)`` of shared ints."""
+        return tuple(map(self.value, values))
+
+
+class _TimeOrder:
+    """Timestamps must not go backwards (see the module docstring): each row is checked against
+    the one before it. The raw texts are kept only to name them in the error."""
+
+    __slots__ = ("_last_s", "_last_raw")
+
+    def __init__(self) -> None:
         self._last_s = -math.inf
-        self._last_raw = ""
+        self._last_raw: object = ""
 
-    def add(
-        self, line_where: str, time_s: float, time_raw: str, prompt_tokens: int, output_tokens: int,
-        prefix_ids: tuple[int, ...] = (),
-    ) -> None:
+    def check(self, line_where: str, time_s: float, time_raw: object) -> None:
         if time_s < self._last_s:
             raise KvplanError(
-                f"{line_where}: timestamp goes backwards ({time_raw} < {self._last_raw}); "
-                "sort the trace first"
+                f"{line_where}: timestamp goes backwards ({_raw_text(time_raw)} < "
+                f"{_raw_text(self._last_raw)}); sort the trace first"
             )
         self._last_s, self._last_raw = time_s, time_raw
-        self._rows.append((time_s, prompt_tokens, output_tokens, prefix_ids))
 
-    def build(self, prefix_block_tokens: int = 0) -> list[Request]:
-        if not self._rows:
-            raise KvplanError(f"{self.where}: no requests in the trace")
-        first_s = self._rows[0][0]
-        return [
-            Request(
-                request_id=i, arrival_s=time_s - first_s, prompt_tokens=prompt, output_tokens=output,
-                prefix_ids=prefix, prefix_block_tokens=prefix_block_tokens if prefix else 0,
-            )
-            for i, (time_s, prompt, output, prefix) in enumerate(self._rows)
-        ]
+
+def _raw_text(value: object) -> str:
+    """A timestamp as the file wrote it: CSV text stripped, a JSON value as ``str`` shows it."""
+    return value.strip() if isinstance(value, str) else str(value)
+
+
+def _numbered(rows: Iterator[_Row], where: str, prefix_block_tokens: int = 0) -> Iterator[Request]:
+    """Requests 0, 1, ... from validated rows, arrivals relative to the first row; a trace
+    without a row is an error, raised once the rows are exhausted."""
+    first_s: float | None = None
+    request_id = 0
+    with closing(rows):  # a caller that stops early closes the file now, not at collection
+        for time_s, prompt, output, prefix in rows:
+            if first_s is None:
+                first_s = time_s
+            yield Request(request_id, time_s - first_s, prompt, output, 1, 1, prefix,
+                          prefix_block_tokens if prefix else 0)
+            request_id += 1
+    if first_s is None:
+        raise KvplanError(f"{where}: no requests in the trace")
 
 
 @contextmanager
@@ -262,7 +303,24 @@ def _key(obj: dict[str, Any], key: str, line_where: str, used: Sequence[str]) ->
     return obj[key]
 
 
-# --- the formats --------------------------------------------------------------------------
+# --- the formats: each yields validated rows, reading the file only as far as it is asked ---
+
+
+def _azure_rows(path: Path) -> Iterator[_Row]:
+    times = _DatetimeParser("TIMESTAMP")
+    order, shared = _TimeOrder(), _Shared()
+    columns = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+    with _open_text(path) as f:
+        for line_where, (stamp, context, generated) in _csv_columns(f, str(path), columns):
+            time_s = times.seconds(stamp, line_where)
+            prompt = _prompt_tokens(context, "ContextTokens", line_where)
+            output = _output_tokens(generated, "GeneratedTokens", line_where)
+            order.check(line_where, time_s, stamp)
+            yield time_s, shared.value(prompt), shared.value(output), ()
+
+
+def _iter_azure(path: Path) -> Iterator[Request]:
+    return _numbered(_azure_rows(path), str(path))
 
 
 def load_azure(path: str | Path) -> list[Request]:
@@ -271,32 +329,14 @@ def load_azure(path: str | Path) -> list[Request]:
     TIMESTAMP is a wall-clock datetime (``2023-11-16 18:15:46.6805900``, up to 9 fractional
     digits, optional ``T`` separator and UTC offset); context = prompt, generated = output.
     """
-    path = Path(path)
-    builder = _TraceBuilder(str(path))
-    times = _DatetimeParser("TIMESTAMP")
-    columns = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-    with _open_text(path) as f:
-        for line_where, (stamp, context, generated) in _csv_columns(f, str(path), columns):
-            builder.add(
-                line_where, times.seconds(stamp, line_where), stamp.strip(),
-                _prompt_tokens(context, "ContextTokens", line_where),
-                _output_tokens(generated, "GeneratedTokens", line_where),
-            )
-    return builder.build()
+    return list(_iter_azure(Path(path)))
 
 
 _MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
 
 
-def load_mooncake(path: str | Path) -> list[Request]:
-    """Mooncake JSONL: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``.
-
-    ``hash_ids`` names the prompt's 512-token blocks (the last may be partial), so it becomes
-    ``prefix_ids`` with ``prefix_block_tokens=512``; it may not name more blocks than the
-    prompt has. A missing ``hash_ids`` means no prefix information.
-    """
-    path = Path(path)
-    builder = _TraceBuilder(str(path))
+def _mooncake_rows(path: Path) -> Iterator[_Row]:
+    order, shared = _TimeOrder(), _Shared()
     with _open_text(path) as f:
         for line_where, obj in _json_lines(f, str(path)):
             raw_time = _key(obj, "timestamp", line_where, _MOONCAKE_KEYS)
@@ -318,8 +358,22 @@ def load_mooncake(path: str | Path) -> list[Request]:
                     f"{line_where}: hash_ids names {len(hash_ids)} blocks of "
                     f"{MOONCAKE_BLOCK_TOKENS} tokens but input_length {prompt} fills only {num_blocks}"
                 )
-            builder.add(line_where, time_s, str(raw_time), prompt, output, tuple(hash_ids))
-    return builder.build(prefix_block_tokens=MOONCAKE_BLOCK_TOKENS)
+            order.check(line_where, time_s, raw_time)
+            yield time_s, shared.value(prompt), shared.value(output), shared.ids(hash_ids)
+
+
+def _iter_mooncake(path: Path) -> Iterator[Request]:
+    return _numbered(_mooncake_rows(path), str(path), MOONCAKE_BLOCK_TOKENS)
+
+
+def load_mooncake(path: str | Path) -> list[Request]:
+    """Mooncake JSONL: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``.
+
+    ``hash_ids`` names the prompt's 512-token blocks (the last may be partial), so it becomes
+    ``prefix_ids`` with ``prefix_block_tokens=512``; it may not name more blocks than the
+    prompt has. A missing ``hash_ids`` means no prefix information.
+    """
+    return list(_iter_mooncake(Path(path)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,6 +385,42 @@ class BurstGptTrace:
     num_other_models_skipped: int  # rows of other models when filtering by model
 
 
+@dataclass(slots=True)
+class _Skipped:
+    """BurstGPT rows left out so far."""
+
+    failed: int = 0
+    other_models: int = 0
+
+
+def _burstgpt_rows(path: Path, model: str | None, skipped: _Skipped) -> Iterator[_Row]:
+    where = str(path)
+    columns = ["Timestamp", "Request tokens", "Response tokens"]
+    if model is not None:
+        columns.append("Model")
+    order, shared = _TimeOrder(), _Shared()
+    models_seen: set[str] = set()
+    with _open_text(path) as f:
+        for line_where, values in _csv_columns(f, where, columns):
+            if model is not None:
+                models_seen.add(values[3].strip())
+                if values[3].strip().lower() != model.lower():
+                    skipped.other_models += 1
+                    continue
+            response = _integer(values[2], "Response tokens", line_where)
+            if response == 0:
+                skipped.failed += 1
+                continue
+            time_s = _number(values[0], "Timestamp", line_where)
+            prompt = _prompt_tokens(values[1], "Request tokens", line_where)
+            output = _output_tokens(response, "Response tokens", line_where)
+            order.check(line_where, time_s, values[0])
+            yield time_s, shared.value(prompt), shared.value(output), ()
+    if model is not None and not any(m.lower() == model.lower() for m in models_seen):
+        hint = did_you_mean(model, models_seen) or f" (models: {', '.join(sorted(models_seen))})"
+        raise KvplanError(f"{where}: no rows for model '{model}'{hint}")
+
+
 def read_burstgpt(path: str | Path, *, model: str | None = None) -> BurstGptTrace:
     """BurstGPT CSV (``Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type``).
 
@@ -338,43 +428,31 @@ def read_burstgpt(path: str | Path, *, model: str | None = None) -> BurstGptTrac
     counted. ``model`` (case-insensitive) keeps only that model's rows; no row of it -> error.
     """
     path = Path(path)
-    where = str(path)
-    builder = _TraceBuilder(where)
-    columns = ["Timestamp", "Request tokens", "Response tokens"]
-    if model is not None:
-        columns.append("Model")
-    num_failed = num_other = 0
-    models_seen: set[str] = set()
-    with _open_text(path) as f:
-        for line_where, values in _csv_columns(f, where, columns):
-            if model is not None:
-                models_seen.add(values[3].strip())
-                if values[3].strip().lower() != model.lower():
-                    num_other += 1
-                    continue
-            response = _integer(values[2], "Response tokens", line_where)
-            if response == 0:
-                num_failed += 1
-                continue
-            builder.add(
-                line_where, _number(values[0], "Timestamp", line_where), values[0].strip(),
-                _prompt_tokens(values[1], "Request tokens", line_where),
-                _output_tokens(response, "Response tokens", line_where),
-            )
-    if model is not None and not any(m.lower() == model.lower() for m in models_seen):
-        hint = did_you_mean(model, models_seen) or f" (models: {', '.join(sorted(models_seen))})"
-        raise KvplanError(f"{where}: no rows for model '{model}'{hint}")
-    return BurstGptTrace(builder.build(), num_failed, num_other)
+    skipped = _Skipped()
+    requests = list(_numbered(_burstgpt_rows(path, model, skipped), str(path)))
+    return BurstGptTrace(requests, skipped.failed, skipped.other_models)
+
+
+def _iter_burstgpt(path: Path, *, model: str | None = None) -> Iterator[Request]:
+    """The requests of :func:`read_burstgpt`, streamed; the skipped counts are logged at INFO
+    when the reading ends (for the rows read, when the caller stopped before the end)."""
+    skipped = _Skipped()
+    try:
+        yield from _numbered(_burstgpt_rows(path, model, skipped), str(path))
+    except GeneratorExit:
+        _log_skipped(path, skipped, " before the end of the file")
+        raise
+    _log_skipped(path, skipped, "")
+
+
+def _log_skipped(path: Path, skipped: _Skipped, where: str) -> None:
+    log.info("%s: skipped %d failed requests (0 response tokens) and %d rows of other models%s",
+             path, skipped.failed, skipped.other_models, where)
 
 
 def load_burstgpt(path: str | Path, *, model: str | None = None) -> list[Request]:
     """The requests of :func:`read_burstgpt`; the skipped counts are logged at INFO."""
-    trace = read_burstgpt(path, model=model)
-    log.info(
-        "%s: skipped %d failed requests (0 response tokens) and %d rows of other models",
-        path, trace.num_failed_skipped, trace.num_other_models_skipped,
-    )
-    return trace.requests
+    return list(_iter_burstgpt(Path(path), model=model))
 
 
 def _time_scale(time_unit: str) -> float:
@@ -383,40 +461,43 @@ def _time_scale(time_unit: str) -> float:
     return _SECONDS_PER_UNIT[time_unit]
 
 
-def _load_generic_csv(
-    path: Path, *, arrival: str = "arrival_s", prompt: str = "prompt_tokens",
-    output: str = "output_tokens", time_unit: str = "s",
-) -> list[Request]:
-    scale = _time_scale(time_unit)
-    builder = _TraceBuilder(str(path))
+def _generic_csv_rows(
+    path: Path, arrival: str, prompt: str, output: str, scale: float
+) -> Iterator[_Row]:
+    order, shared = _TimeOrder(), _Shared()
     with _open_text(path) as f:
         for line_where, (stamp, prompt_raw, output_raw) in _csv_columns(
             f, str(path), (arrival, prompt, output)
         ):
-            builder.add(
-                line_where, _number(stamp, arrival, line_where) * scale, stamp.strip(),
-                _prompt_tokens(prompt_raw, prompt, line_where),
-                _output_tokens(output_raw, output, line_where),
-            )
-    return builder.build()
+            time_s = _number(stamp, arrival, line_where) * scale
+            prompt_tokens = _prompt_tokens(prompt_raw, prompt, line_where)
+            output_tokens = _output_tokens(output_raw, output, line_where)
+            order.check(line_where, time_s, stamp)
+            yield time_s, shared.value(prompt_tokens), shared.value(output_tokens), ()
 
 
-def _load_generic_jsonl(
-    path: Path, *, arrival: str = "arrival_s", prompt: str = "prompt_tokens",
-    output: str = "output_tokens", time_unit: str = "s",
-) -> list[Request]:
-    scale = _time_scale(time_unit)
-    builder = _TraceBuilder(str(path))
+def _generic_jsonl_rows(
+    path: Path, arrival: str, prompt: str, output: str, scale: float
+) -> Iterator[_Row]:
+    order, shared = _TimeOrder(), _Shared()
+    used = (arrival, prompt, output)
     with _open_text(path) as f:
         for line_where, obj in _json_lines(f, str(path)):
-            used = (arrival, prompt, output)
             stamp = _key(obj, arrival, line_where, used)
-            builder.add(
-                line_where, _number(stamp, arrival, line_where) * scale, str(stamp),
-                _prompt_tokens(_key(obj, prompt, line_where, used), prompt, line_where),
-                _output_tokens(_key(obj, output, line_where, used), output, line_where),
-            )
-    return builder.build()
+            time_s = _number(stamp, arrival, line_where) * scale
+            prompt_tokens = _prompt_tokens(_key(obj, prompt, line_where, used), prompt, line_where)
+            output_tokens = _output_tokens(_key(obj, output, line_where, used), output, line_where)
+            order.check(line_where, time_s, stamp)
+            yield time_s, shared.value(prompt_tokens), shared.value(output_tokens), ()
+
+
+def _iter_generic(
+    path: Path, *, json_lines: bool, arrival: str = "arrival_s", prompt: str = "prompt_tokens",
+    output: str = "output_tokens", time_unit: str = "s",
+) -> Iterator[Request]:
+    scale = _time_scale(time_unit)  # checked now, before any row is asked for
+    rows = _generic_jsonl_rows if json_lines else _generic_csv_rows
+    return _numbered(rows(path, arrival, prompt, output, scale), str(path))
 
 
 def load_generic(
@@ -429,8 +510,8 @@ def load_generic(
     the extension (.jsonl, .ndjson, .json) or a leading ``{``, anything else is read as CSV.
     """
     path = Path(path)
-    loader = _load_generic_jsonl if _looks_like_json(path) else _load_generic_csv
-    return loader(path, arrival=arrival, prompt=prompt, output=output, time_unit=time_unit)
+    return list(_iter_generic(path, json_lines=_looks_like_json(path), arrival=arrival,
+                              prompt=prompt, output=output, time_unit=time_unit))
 
 
 # --- dispatch -----------------------------------------------------------------------------
@@ -468,30 +549,44 @@ def detect_format(path: str | Path) -> str:
 
 
 _GENERIC_OPTIONS = frozenset({"arrival", "prompt", "output", "time_unit"})
-_LOADERS: dict[str, tuple[Callable[..., list[Request]], frozenset[str]]] = {
-    "azure": (load_azure, frozenset()),
-    "mooncake": (load_mooncake, frozenset()),
-    "burstgpt": (load_burstgpt, frozenset({"model"})),
-    "csv": (_load_generic_csv, _GENERIC_OPTIONS),
-    "jsonl": (_load_generic_jsonl, _GENERIC_OPTIONS),
+_READERS: dict[str, tuple[Callable[..., Iterator[Request]], frozenset[str]]] = {
+    "azure": (_iter_azure, frozenset()),
+    "mooncake": (_iter_mooncake, frozenset()),
+    "burstgpt": (_iter_burstgpt, frozenset({"model"})),
+    "csv": (partial(_iter_generic, json_lines=False), _GENERIC_OPTIONS),
+    "jsonl": (partial(_iter_generic, json_lines=True), _GENERIC_OPTIONS),
 }
 
 
-def load_trace(path: str | Path, format: str = "auto", **options: Any) -> list[Request]:
-    """Load a trace in ``format`` ("auto" detects it; see :func:`detect_format`).
+def iter_trace(path: str | Path, format: str = "auto", **options: Any) -> Iterator[Request]:
+    """The requests of a trace in ``format`` ("auto" detects it; see :func:`detect_format`),
+    read and validated one row at a time as they are asked for.
 
-    ``options`` go to the format's loader: ``model`` for burstgpt; ``arrival``, ``prompt``,
+    The file is read only as far as the caller iterates: a caller that stops after the
+    requests it needs (:func:`workloads.synthetic.slice_requests`) never parses the rest, so
+    a bad row beyond that point is not reported, and neither are a backwards timestamp there
+    nor, for BurstGPT, a ``model`` with no rows (the rows read had some). Closing the
+    iterator closes the file. The format and the options are checked now; the rows, as they
+    are read (``trace.csv:17: ...``); a trace without a row fails when it is exhausted.
+
+    ``options`` go to the format's reader: ``model`` for burstgpt; ``arrival``, ``prompt``,
     ``output``, ``time_unit`` for csv/jsonl. Unknown format or option -> KvplanError.
     """
     path = Path(path)
     if format not in TRACE_FORMATS:
         raise KvplanError(f"{path}: {unknown_name('trace format', format, TRACE_FORMATS)}")
     concrete = detect_format(path) if format == "auto" else format
-    loader, accepted = _LOADERS[concrete]
+    reader, accepted = _READERS[concrete]
     for name in options:
         if name not in accepted:
             raise KvplanError(
                 f"{path}: trace format '{concrete}' takes no option '{name}'"
                 + did_you_mean(name, accepted)
             )
-    return loader(path, **options)
+    return reader(path, **options)
+
+
+def load_trace(path: str | Path, format: str = "auto", **options: Any) -> list[Request]:
+    """Every request of a trace in ``format`` (see :func:`iter_trace`, which this reads to the
+    end, so every row is validated)."""
+    return list(iter_trace(path, format, **options))

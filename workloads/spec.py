@@ -39,7 +39,8 @@ import logging
 import math
 import re
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain, islice
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -49,7 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from simulator.errors import KvplanError, did_you_mean, warn_user
 from workloads import synthetic
 from workloads.clients import Clients
-from workloads.loaders import MAX_TOKENS, TraceFormat, bundled_trace_path, load_trace
+from workloads.loaders import MAX_TOKENS, TraceFormat, bundled_trace_path, iter_trace
 from workloads.request import Request
 
 log = logging.getLogger(__name__)
@@ -385,8 +386,9 @@ def _lengths(
         percentile, value = spec.percentile
         drawn = synthetic.lognormal_lengths(num, spec.mean, value, percentile, rng)
     else:
-        trace = load_trace(resolve_trace_path(spec.trace, base_dir), spec.format)
-        values = [r.prompt_tokens if column == "prompt" else r.output_tokens for r in trace]
+        trace = iter_trace(resolve_trace_path(spec.trace, base_dir), spec.format)
+        values = np.fromiter((r.prompt_tokens if column == "prompt" else r.output_tokens
+                              for r in trace), dtype=np.int64)
         drawn = synthetic.empirical_lengths(num, values, rng)
     return synthetic.clip_lengths(drawn, spec.min, spec.max)
 
@@ -428,36 +430,66 @@ def _synthesize(spec: WorkloadSpec, seed: int, base_dir: Path) -> list[Request]:
 
 def _from_trace(spec: WorkloadSpec, base_dir: Path) -> list[Request]:
     assert spec.trace is not None
-    requests = load_trace(resolve_trace_path(spec.trace, base_dir), spec.format,
-                          **_trace_options(spec))
-    return shape_trace(requests, spec)
+    path = resolve_trace_path(spec.trace, base_dir)
+    options = _trace_options(spec)
+    return _shape(lambda: iter_trace(path, spec.format, **options), spec)
 
 
 def shape_trace(requests: Sequence[Request], spec: WorkloadSpec) -> list[Request]:
     """A loaded trace as ``spec`` reshapes it: rescaled (``rate``/``rate_scale``), sliced
     (``start_s``, ``duration_s``, then the first ``num_requests``), untimed (every arrival at
     0.0, order kept, under ``concurrency`` or ``rate: inf``; the slice is then taken on the
-    trace's own clock), then ``n``/``beam_width`` set. Bad input -> KvplanError."""
-    untimed = spec.untimed
-    if untimed:
-        pass  # the clients time the sends; a rate would be meaningless
-    elif spec.rate is not None:
-        requests = synthetic.rescale_to_rate(requests, spec.rate)
-    elif spec.rate_scale is not None:
-        requests = synthetic.scale_rate(requests, spec.rate_scale)
+    trace's own clock), then ``n``/``beam_width`` set. Bad input -> KvplanError.
+
+    :func:`build_requests` does the same on the trace file itself, streamed (so the same
+    requests, bit for bit, as this function on the whole loaded trace)."""
+    return _shape(lambda: iter(requests), spec)
+
+
+def _shape(read: Callable[[], Iterator[Request]], spec: WorkloadSpec) -> list[Request]:
+    """:func:`shape_trace` of the trace that each call of ``read`` streams from its start.
+
+    The trace is read only as far as the slice needs (a bad row beyond it goes unseen, see
+    :func:`workloads.loaders.iter_trace`), except under ``rate``: rescaling comes before the
+    slice (module docstring) and sets the mean rate of the *whole* trace, (N − 1) gaps over
+    its span, which takes every row's count and the last arrival. Rows past the slice are
+    then read for those two numbers and dropped. Without ``start_s``/``duration_s`` the slice
+    is the first ``num_requests`` whatever the rate, so one pass keeps them and goes on
+    counting; a window is placed on the rescaled clock, so the trace is read to its end for
+    the rate first, then again only up to the window's end.
+    """
     num = spec.total_requests
-    if spec.start_s is not None or spec.duration_s is not None or num is not None:
-        requests = synthetic.slice_requests(requests, start_s=spec.start_s,
-                                            duration_s=spec.duration_s, num_requests=num)
-    if untimed:
-        requests = synthetic.untimed(requests)
-    requests = list(requests)
+    window = spec.start_s is not None or spec.duration_s is not None
+    time_factor = 1.0
+    if spec.untimed:
+        pass  # the clients time the sends; a rate would be meaningless
+    elif spec.rate is not None and not window:
+        requests = read()
+        head = list(requests) if num is None else list(islice(requests, num))
+        time_factor = synthetic.arrival_time_factor(
+            synthetic.rate_scale_to(chain(head, requests), spec.rate))
+        return _finish(synthetic.slice_requests(head, time_factor=time_factor), num, spec)
+    elif spec.rate is not None:
+        time_factor = synthetic.arrival_time_factor(synthetic.rate_scale_to(read(), spec.rate))
+    elif spec.rate_scale is not None:
+        time_factor = synthetic.arrival_time_factor(spec.rate_scale)
+    selected: Iterable[Request] = read()
+    if window or num is not None or time_factor != 1.0:
+        selected = synthetic.slice_requests(selected, start_s=spec.start_s,
+                                            duration_s=spec.duration_s, num_requests=num,
+                                            time_factor=time_factor)
+    return _finish(synthetic.untimed(selected) if spec.untimed else list(selected), num, spec)
+
+
+def _finish(requests: list[Request], num: int | None, spec: WorkloadSpec) -> list[Request]:
+    """The last steps of :func:`_shape`: warn if fewer than ``num`` requests were found, then
+    set ``n`` and ``beam_width`` (in place: a copy of a big list would double the peak)."""
     if num is not None and len(requests) < num:
         warn_fewer_requests(num, len(requests), spec)
     if spec.n != 1 or spec.beam_width != 1:
-        requests = [Request(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens, spec.n,
-                            spec.beam_width, r.prefix_ids, r.prefix_block_tokens)
-                    for r in requests]
+        for i, r in enumerate(requests):
+            requests[i] = Request(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens,
+                                  spec.n, spec.beam_width, r.prefix_ids, r.prefix_block_tokens)
     return requests
 
 
@@ -478,7 +510,9 @@ def build_requests(spec: WorkloadSpec, *, seed: int, base_dir: Path) -> list[Req
     """The requests ``spec`` describes: numbered 0..N-1, sorted by arrival, first at 0.0.
 
     ``seed`` makes synthetic workloads reproducible (a trace ignores it). ``base_dir`` anchors
-    relative trace paths (the scenario file's folder). Requests longer than the context window
+    relative trace paths (the scenario file's folder). A trace is streamed: read only up to
+    the end of the requests selected (all of it under ``rate``, see :func:`_shape`), so rows
+    past them are neither parsed nor checked. Requests longer than the context window
     are left as they are: the scenario's ``max_model_len_policy`` decides what happens to them
     (:func:`workloads.synthetic.fit_to_max_model_len`, applied by ``simulator.run.load_workload``).
     Bad input -> KvplanError prefixed ``workload``.

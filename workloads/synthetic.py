@@ -2,7 +2,7 @@
 
 Generators draw from a caller-supplied ``numpy.random.Generator`` (same seed -> identical
 requests) and work on whole arrays, so 10^6 requests take seconds, most of it building the
-``Request`` objects. The pieces:
+``Request`` objects, about 160 bytes each (see :func:`make_requests`). The pieces:
 
 * arrivals: Poisson, gamma (burstiness set by the coefficient of variation of the gaps),
   constant rate; the first request arrives at 0.0 like a loaded trace's; or all at 0.0 (a
@@ -11,14 +11,17 @@ requests) and work on whole arrays, so 10^6 requests take seconds, most of it bu
   from a trace), each clipped to ``[min_tokens, max_tokens]``;
 * shared-prefix groups (system prompts, few-shot templates) with uniform or Zipf popularity;
 * list transformations: :func:`scale_rate`, :func:`rescale_to_rate`, :func:`slice_requests`.
-  Their results are numbered 0..N-1 again and start at 0.0.
+  Their results are numbered 0..N-1 again and start at 0.0. :func:`slice_requests` and
+  :func:`mean_rate_per_s` also take a stream (:func:`workloads.loaders.iter_trace`) and read
+  it once, the slice only as far as it needs.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from statistics import NormalDist
 from typing import Literal
 
@@ -217,27 +220,51 @@ class SharedPrefix:
         return rng.choice(self.num_groups, num_requests, p=self.group_probabilities())
 
 
+REQUESTS_PER_CHUNK = 1 << 16  # make_requests converts this many array rows at a time
+
+
 def make_requests(
     arrivals_s: FloatArray, prompt_tokens: IntArray, output_tokens: IntArray, *, n: int = 1,
     beam_width: int = 1, groups: IntArray | None = None, shared_prefix: SharedPrefix | None = None,
 ) -> list[Request]:
     """Requests 0..N-1 from parallel arrays. With ``shared_prefix`` and ``groups`` (one group
-    index per request), a request's prompt is its group's prefix plus its own tokens."""
+    index per request), a request's prompt is its group's prefix plus its own tokens.
+
+    Memory: a request holds its own ``Request`` (96 bytes with slots), ``arrival_s`` float (24)
+    and ``request_id`` int (28; ``sys.getsizeof`` on 64-bit CPython 3.11), plus a pointer in
+    the list: about 160 bytes measured with ``tracemalloc``. Everything else is shared: equal
+    lengths are one ``int`` object (length arrays have a few thousand distinct values, and
+    ``tolist`` would make one object per entry), a group's prefix ids are one tuple, and
+    ``n``, ``beam_width`` and the block size one object each. The arrays are converted in
+    chunks of :data:`REQUESTS_PER_CHUNK`, so the Python lists the conversion needs stay small
+    however many requests there are, and so does the table of shared lengths (started afresh
+    when it outgrows a chunk: lengths drawn from a huge range share little anyway).
+    """
     if not len(arrivals_s) == len(prompt_tokens) == len(output_tokens):
         raise ValueError("arrivals, prompt and output arrays differ in length")
     num = len(arrivals_s)
-    prefixes: Sequence[tuple[int, ...]] = [()] * num
-    block_tokens = [0] * num
+    by_group: list[tuple[int, ...]] = []
+    block_tokens = 0
     if shared_prefix is not None and groups is not None:
         prompt_tokens = prompt_tokens + shared_prefix.prefix_tokens
         by_group = [shared_prefix.group_prefix_ids(g) for g in range(shared_prefix.num_groups)]
-        prefixes = [by_group[g] for g in groups.tolist()]
-        block_tokens = [shared_prefix.block_tokens] * num
-    # map() over plain lists is the fastest way to build many slotted dataclasses.
-    return list(map(
-        Request, range(num), arrivals_s.tolist(), prompt_tokens.tolist(), output_tokens.tolist(),
-        [n] * num, [beam_width] * num, prefixes, block_tokens,
-    ))
+        block_tokens = shared_prefix.block_tokens
+    lengths: dict[int, int] = {}  # one int object per distinct length
+    requests: list[Request] = []
+    for start in range(0, num, REQUESTS_PER_CHUNK):
+        stop = min(start + REQUESTS_PER_CHUNK, num)
+        if len(lengths) > REQUESTS_PER_CHUNK:
+            lengths = {}
+        prompts = prompt_tokens[start:stop].tolist()
+        outputs = output_tokens[start:stop].tolist()
+        prefixes = map(by_group.__getitem__, groups[start:stop].tolist()) if by_group else repeat(())
+        # map() over plain lists is the fastest way to build many slotted dataclasses.
+        requests.extend(map(
+            Request, range(start, stop), arrivals_s[start:stop].tolist(),
+            map(lengths.setdefault, prompts, prompts), map(lengths.setdefault, outputs, outputs),
+            repeat(n), repeat(beam_width), prefixes, repeat(block_tokens),
+        ))
+    return requests
 
 
 # --- transformations ----------------------------------------------------------------------
@@ -253,7 +280,7 @@ def _renumbered(requests: Sequence[Request], time_factor: float = 1.0) -> list[R
     ]
 
 
-def untimed(requests: Sequence[Request]) -> list[Request]:
+def untimed(requests: Iterable[Request]) -> list[Request]:
     """The same requests, in the same order, all arriving at 0.0 (see :func:`untimed_arrivals_s`)."""
     return [r if r.arrival_s == 0.0 else
             Request(r.request_id, 0.0, r.prompt_tokens, r.output_tokens, r.n, r.beam_width,
@@ -261,48 +288,96 @@ def untimed(requests: Sequence[Request]) -> list[Request]:
             for r in requests]
 
 
-def mean_rate_per_s(requests: Sequence[Request]) -> float:
-    """Mean arrival rate: (N − 1) gaps over the span from first to last arrival."""
-    if len(requests) < 2 or requests[-1].arrival_s <= requests[0].arrival_s:
+def mean_rate_per_s(requests: Iterable[Request]) -> float:
+    """Mean arrival rate: (N − 1) gaps over the span from first to last arrival. One pass, no
+    request kept: a stream (:func:`workloads.loaders.iter_trace`) is read to its end."""
+    count, first_s, last_s = 0, 0.0, 0.0
+    for r in requests:
+        if count == 0:
+            first_s = r.arrival_s
+        last_s = r.arrival_s
+        count += 1
+    if count < 2 or last_s <= first_s:
         raise KvplanError(
-            f"cannot measure the arrival rate of {len(requests)} requests that arrive at one instant"
+            f"cannot measure the arrival rate of {count} requests that arrive at one instant"
         )
-    return (len(requests) - 1) / (requests[-1].arrival_s - requests[0].arrival_s)
+    return (count - 1) / (last_s - first_s)
+
+
+def arrival_time_factor(rate_scale: float) -> float:
+    """What :func:`scale_rate` multiplies arrival times by for ``rate_scale`` (factor 2 = the
+    same requests at twice the rate: times × 0.5)."""
+    if not (rate_scale > 0 and math.isfinite(rate_scale)):
+        raise KvplanError(f"rate scale factor must be a positive number (got {rate_scale})")
+    return 1.0 / rate_scale
 
 
 def scale_rate(requests: Sequence[Request], factor: float) -> list[Request]:
     """Compress time by ``factor``: factor 2 = the same requests at twice the rate."""
-    if not (factor > 0 and math.isfinite(factor)):
-        raise KvplanError(f"rate scale factor must be a positive number (got {factor})")
-    return _renumbered(requests, 1.0 / factor)
+    return _renumbered(requests, arrival_time_factor(factor))
+
+
+def rate_scale_to(requests: Iterable[Request], rate_per_s: float) -> float:
+    """The ``rate_scale`` that brings the :func:`mean_rate_per_s` of ``requests`` to
+    ``rate_per_s`` (one pass over ``requests``)."""
+    if not (rate_per_s > 0 and math.isfinite(rate_per_s)):
+        raise KvplanError(f"rate must be a positive number of requests/s (got {rate_per_s})")
+    return rate_per_s / mean_rate_per_s(requests)
 
 
 def rescale_to_rate(requests: Sequence[Request], rate_per_s: float) -> list[Request]:
     """Compress or stretch time so that :func:`mean_rate_per_s` becomes ``rate_per_s``."""
-    if not (rate_per_s > 0 and math.isfinite(rate_per_s)):
-        raise KvplanError(f"rate must be a positive number of requests/s (got {rate_per_s})")
-    return scale_rate(requests, rate_per_s / mean_rate_per_s(requests))
+    return scale_rate(requests, rate_scale_to(requests, rate_per_s))
 
 
 def slice_requests(
-    requests: Sequence[Request], *, start_s: float | None = None,
-    duration_s: float | None = None, num_requests: int | None = None,
+    requests: Iterable[Request], *, start_s: float | None = None,
+    duration_s: float | None = None, num_requests: int | None = None, time_factor: float = 1.0,
 ) -> list[Request]:
     """The requests arriving in ``[start_s, start_s + duration_s)``, then the first
     ``num_requests`` of those; renumbered from 0 and re-based so the first arrives at 0.0.
-    An empty result is an error (it is always a mistake in a scenario)."""
+    An empty result is an error (it is always a mistake in a scenario).
+
+    ``time_factor`` multiplies every arrival time first, as :func:`scale_rate` does for a
+    workload whose first request arrives at 0.0 (every loader's and generator's), so that
+    ``slice_requests(r, time_factor=arrival_time_factor(k), ...)`` equals
+    ``slice_requests(scale_rate(r, k), ...)`` bit for bit without building the rescaled list.
+
+    ``requests`` must be sorted by arrival (as every loader and generator returns them): the
+    iteration stops at the first request past the window or once ``num_requests`` are kept, so
+    a stream (:func:`workloads.loaders.iter_trace`) is read only that far. Only when the slice
+    is empty is the rest read, to say in the error how long the workload is.
+    """
     start = start_s or 0.0
     end = math.inf if duration_s is None else start + duration_s
-    kept = [r for r in requests if start <= r.arrival_s < end]
-    if num_requests is not None:
-        kept = kept[:num_requests]
+    limit = math.inf if num_requests is None else num_requests
+    kept: list[Request] = []
+    first_s = 0.0
+    rest = iter(requests)
+    last: Request | None = None  # the last request read
+    if limit >= 1:
+        for r in rest:
+            last = r
+            arrival_s = r.arrival_s * time_factor
+            if arrival_s >= end:
+                break
+            if arrival_s < start:
+                continue
+            if not kept:
+                first_s = arrival_s
+            kept.append(Request(len(kept), arrival_s - first_s, r.prompt_tokens, r.output_tokens,
+                                r.n, r.beam_width, r.prefix_ids, r.prefix_block_tokens))
+            if len(kept) >= limit:
+                break
     if not kept:
-        span = f"{requests[-1].arrival_s:.6g}" if requests else "0"
+        for last in rest:  # to say how long the workload is
+            pass
+        span = "0" if last is None else f"{last.arrival_s * time_factor:.6g}"
         raise KvplanError(
             f"no requests in the slice start_s={start:g}, duration_s={duration_s}, "
             f"num_requests={num_requests} (the workload spans 0-{span} s)"
         )
-    return _renumbered(kept)
+    return kept
 
 
 MaxModelLenPolicy = Literal["reject", "truncate"]
