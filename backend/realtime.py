@@ -61,6 +61,10 @@ class ReplayLatency:
     """A latency model that returns recorded step durations in order: fed a real run's durations,
     the SimPy engine replays that run's timeline."""
 
+    # each call takes the next recorded duration: the engine must time every step, in order,
+    # and no step twice (simulator.latency.LatencyModel.quiet_runs)
+    quiet_runs = False
+
     def __init__(self, durations_s: Sequence[float]):
         self._durations = list(durations_s)
         self._next = 0

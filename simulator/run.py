@@ -19,6 +19,7 @@ from simulator.errors import KvplanError
 from simulator.outputs import default_out_dir, open_output
 from simulator.saturation import saturation
 from simulator.scenario import Scenario, canonical_allocator, load_scenario
+from simulator.steps import DEFAULT_BIN_S
 from workloads.clients import OPEN_LOOP, Clients
 from workloads.request import Request
 from workloads.spec import build_requests
@@ -103,9 +104,10 @@ def client_policy(scenario: Scenario, num_requests: int) -> Clients:
 
 def run_allocator(dep: Deployment, allocator: str, requests: list[Request], *,
                   clients: Clients = OPEN_LOOP, progress: Progress | None = None,
-                  record_steps: bool = True) -> AllocatorRun:
+                  record_steps: bool | str = True, step_bin_s: float = DEFAULT_BIN_S) -> AllocatorRun:
     """Simulate ``requests`` sent by ``clients`` on ``dep`` with one allocator: the request and
-    step frames and the summary (see :func:`simulator.engine.simulate`)."""
+    step frames and the summary (see :func:`simulator.engine.simulate`; ``record_steps`` and
+    ``step_bin_s`` choose the step rows, :mod:`simulator.steps`)."""
     task = None
     if progress is not None:
         task = progress.add_task(allocator, total=len(requests))
@@ -116,6 +118,7 @@ def run_allocator(dep: Deployment, allocator: str, requests: list[Request], *,
 
     result = simulate(requests, dep.replica_factory(allocator), dep.latency,
                       num_replicas=dep.scenario.num_replicas, clients=clients, record_steps=record_steps,
+                      step_bin_s=step_bin_s,
                       on_progress=advance if progress is not None else None)
     req = metrics.requests_frame(result)
     steps = metrics.steps_frame(result)
@@ -133,7 +136,8 @@ def make_progress(quiet: bool) -> Progress | None:
 
 
 def run_simulate(path: str, *, out: str | None, overrides: dict[str, object], quiet: bool,
-                 plots: bool = True, force_profile: bool = False) -> tuple[Path, dict[str, Any]]:
+                 plots: bool = True, force_profile: bool = False, steps: str = "bins",
+                 step_bin_s: float = DEFAULT_BIN_S) -> tuple[Path, dict[str, Any]]:
     scenario, base_dir = load_scenario(path, overrides)
     dep = build_deployment(scenario, base_dir, force_profile=force_profile, where=path)
     fit = load_workload(scenario, base_dir, dep.scheduler_config.max_model_len)
@@ -147,10 +151,12 @@ def run_simulate(path: str, *, out: str | None, overrides: dict[str, object], qu
         runs: list[AllocatorRun] = []
         if progress is not None:
             with progress:
-                runs = [run_allocator(dep, a, requests, clients=clients, progress=progress)
+                runs = [run_allocator(dep, a, requests, clients=clients, progress=progress,
+                                      record_steps=steps, step_bin_s=step_bin_s)
                         for a in scenario.allocators]
         else:
-            runs = [run_allocator(dep, a, requests, clients=clients) for a in scenario.allocators]
+            runs = [run_allocator(dep, a, requests, clients=clients, record_steps=steps,
+                                  step_bin_s=step_bin_s) for a in scenario.allocators]
         for r in runs:
             r.summary["max_model_len_policy"] = fit.as_dict()
         summary = {r.name: r.summary for r in runs}

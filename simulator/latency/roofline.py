@@ -62,7 +62,7 @@ An empty plan (nothing to compute and nothing to copy) costs 0.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from simulator.errors import KvplanError
@@ -70,6 +70,7 @@ from simulator.kv.gpus import GPUSpec
 from simulator.kv.models import ModelConfig, dtype_bits
 from simulator.kv.quantization import WeightFormat, resolve_quantization
 from simulator.kv.sizing import model_kv_layout
+from simulator.latency import quiet_plans
 from simulator.latency.constants import RooflineConstants, default_constants, fit_provenance
 from simulator.plan import StepPlan
 
@@ -269,6 +270,29 @@ class RooflineLatency:
                      + self._decode_flops_per_ctx * ctx / self._attn_eff_flops_s)
         return ((memory_s if memory_s >= compute_s else compute_s) + 0.0 + 0.0
                 + self.constants.step_overhead_s + 0.0)
+
+    def quiet_latencies(self, plan: StepPlan, k: int) -> Iterator[float]:
+        """Durations of steps 1 .. k-1 of the quiet run ``plan`` starts (the same decode batch,
+        each context one token longer per step), bit for bit what :meth:`step_latency_s` gives
+        for each step's plan (:func:`simulator.latency.quiet_latencies`), without building them."""
+        if (plan.prefills or plan.cow_copies or plan.num_swap_out_blocks or plan.num_swap_in_blocks
+                or self.tp > 1 or self._num_experts or not plan.num_decode_seqs):
+            yield from (self.step_latency_s(p) for p in quiet_plans(plan, k))
+            return
+        n = plan.num_decode_seqs
+        ctx = plan.decode_context_tokens
+        bpt = self.bytes_per_token
+        weights, hbm = self._dense_weight_bytes, self._hbm_eff_bytes_s
+        gemm_s = (self._flops_per_token * n + self._flops_per_sample * n) / self._gemm_eff_flops_s
+        per_ctx, attn = self._decode_flops_per_ctx, self._attn_eff_flops_s
+        overhead = self.constants.step_overhead_s
+        write = n * bpt
+        for _ in range(1, k):
+            ctx += n
+            # term for term as step_latency_s's fast path
+            memory_s = (weights + ctx * bpt + write) / hbm
+            compute_s = gemm_s + per_ctx * ctx / attn
+            yield (memory_s if memory_s >= compute_s else compute_s) + 0.0 + 0.0 + overhead + 0.0
 
     def step_terms(self, plan: StepPlan) -> StepTerms:
         """What the step moves and computes (no constants involved)."""

@@ -40,6 +40,7 @@ from simulator.scheduler.state import Group, Status, StepOutcome
 from workloads.request import Request
 
 _GROW, _BEAM = 0, 1
+
 _NOTHING = StepOutcome((), ())
 
 
@@ -59,8 +60,10 @@ class Scheduler:
         # decode counter -> (kind, group, epoch, grow token): growth and beam events of that step
         self._events: dict[int, list[tuple[int, Group, int, int]]] = {}
         self._finishes: dict[int, list[tuple[Group, int]]] = {}
+        self._finish_heap: list[int] = []  # the counters of ``_finishes`` (lazily deleted)
         self._max_heap: list[tuple[int, int, int, Group]] = []
         self._n_dec = 0  # decoding sequences
+        self._multi_seq_decoding = 0  # decoding groups of several sequences (samples, beams)
         self._s1 = 0  # Σ KV length over decoding sequences
         self._s2 = 0  # Σ KV length²
         self._prefill_written = 0  # KV tokens written by groups still prefilling
@@ -88,9 +91,11 @@ class Scheduler:
         self.readmission_hit_tokens = 0
 
     # ------------------------------------------------------------------ requests
-    def add_request(self, request: Request) -> Group:
+    def add_request(self, request: Request, *, queue: bool = True) -> Group:
         """Queue a request, or reject it at once (``status == REJECTED``, with a reason) when it
-        could never run: longer than max_model_len, or more KV than the whole pool."""
+        could never run: longer than max_model_len, or more KV than the whole pool. With
+        ``queue=False`` an accepted request is not queued yet: :meth:`enqueue` does it later (the
+        engine holds a request sent during a quiet run until the run's step that sees it)."""
         cfg = self.config
         final = request.prompt_tokens + request.output_tokens - 1
         hashes: tuple[int, ...] = ()
@@ -110,8 +115,14 @@ class Scheduler:
             )
         if request.num_seqs > cfg.max_num_seqs:
             return self._reject(g, f"max_num_seqs: {request.num_seqs} sequences > {cfg.max_num_seqs}")
-        self.waiting.append(g)
+        if queue:
+            self.waiting.append(g)
         return g
+
+    def enqueue(self, g: Group) -> None:
+        """Queue a request accepted by ``add_request(..., queue=False)``."""
+        assert g.status is Status.WAITING and not g.num_admissions
+        self.waiting.append(g)
 
     def _reject(self, g: Group, reason: str) -> Group:
         g.status = Status.REJECTED
@@ -198,7 +209,7 @@ class Scheduler:
             if self._num_running_seqs + k > cfg.max_num_seqs:
                 break
             target = g.num_prefill_target
-            cached = alloc.lookup(g.block_hashes, target) if g.block_hashes else 0
+            cached = self._cached_prefix(g, target) if g.block_hashes else 0
             n = target - cached
             if n > budget:
                 if not cfg.enable_chunked_prefill:
@@ -239,6 +250,16 @@ class Scheduler:
             chunks.append(self._chunk(g, n))
             budget -= n
         return budget
+
+    def _cached_prefix(self, g: Group, target: int) -> int:
+        """``alloc.lookup`` for the head of the queue, remembered until the prefix cache changes
+        (``cache_generation``): a head blocked for many steps costs O(1) per step, not a walk
+        over its block hashes."""
+        key = (self.alloc.cache_generation, target)
+        if g.lookup_key != key:
+            g.lookup_key = key
+            g.lookup_tokens = self.alloc.lookup(g.block_hashes, target)
+        return g.lookup_tokens
 
     def _count_prefix_hits(self, g: Group, target: int, cached: int) -> None:
         """Prefix-cache accounting of one admission. The hit rate is a property of the workload
@@ -387,11 +408,18 @@ class Scheduler:
         g.anchor_len, g.anchor_counter = length, d
         self.decoding[g.request_id] = g
         self._n_dec += k
+        if k > 1:
+            self._multi_seq_decoding += 1
         self._s1 += k * length
         self._s2 += k * length * length
         heapq.heappush(self._max_heap, (d - length, g.request_id, g.epoch, g))
         end = d + g.final_tokens - length  # counter after the step that writes the last token
-        self._finishes.setdefault(end, []).append((g, g.epoch))
+        pending = self._finishes.get(end)
+        if pending is None:
+            self._finishes[end] = [(g, g.epoch)]
+            heapq.heappush(self._finish_heap, end)
+        else:
+            pending.append((g, g.epoch))
         if g.request.beam_width > 1 and d + self.config.block_size < end:
             self._events.setdefault(d + self.config.block_size, []).append((_BEAM, g, g.epoch, 0))
         self._schedule_grow(g, d, length)
@@ -400,6 +428,8 @@ class Scheduler:
         k = len(g.seq_ids)
         del self.decoding[g.request_id]
         self._n_dec -= k
+        if k > 1:
+            self._multi_seq_decoding -= 1
         self._s1 -= k * length
         self._s2 -= k * length * length
 
@@ -460,6 +490,110 @@ class Scheduler:
             preempted=tuple(self._preempted),
             details=details,
         )
+
+    # ------------------------------------------------------------------ quiet runs
+    def is_quiet(self, plan: StepPlan) -> bool:
+        """Whether ``plan`` (just scheduled) may start a quiet run: decodes only, nothing admitted,
+        preempted, swapped or copied, and no per-sequence detail to build."""
+        return not (plan.prefills or plan.preempted or plan.cow_copies or plan.num_copy_tokens
+                    or plan.num_swap_in_blocks or plan.num_swap_out_blocks or self.detail
+                    or not plan.num_decode_seqs)
+
+    def steps_to_next_finish(self) -> int:
+        """Steps from the one just scheduled to the first that finishes a group, inclusive (a
+        huge number when no group is decoding)."""
+        d = self.decode_counter
+        heap, finishes = self._finish_heap, self._finishes
+        while heap and (heap[0] <= d or heap[0] not in finishes):
+            heapq.heappop(heap)
+        return heap[0] - d if heap else 1 << 62
+
+    def quiet_run(self, plan: StepPlan, limit: int) -> int:
+        """How many steps, ``plan`` first, are sure to be the same decode step (up to ``limit``).
+
+        ``plan`` must be :meth:`is_quiet`. Its batch then stays the same — every decoding sequence
+        writes one token per step, nothing joins — until one of these, which ends the run:
+
+        * a finish: the step that writes a group's last token is the run's last step;
+        * a growth that could fail or copy: a multi-sequence group's growth or beam event, or a
+          block boundary once the growths before it have used every block free now
+          (``free_blocks_for_growth``); boundaries the free blocks cover cannot fail, so they
+          are no event: :meth:`advance_quiet` performs them at their step, in order.
+
+        Nothing else can change the batch without an outside event (an arrival, which the
+        caller's ``limit`` stops at): the waiting (or swapped) head could not be admitted in
+        ``plan``'s step, and in a quiet run no block is freed, the running set and the token
+        budget stay the same and prefix-cache hits only shrink, so it cannot be admitted in the
+        run's later steps either.
+        """
+        d = self.decode_counter
+        limit = min(limit, self.steps_to_next_finish())
+        events = self._events
+        if not events or limit <= 1:
+            return max(limit, 1)
+        bs = self.config.block_size
+        free = self.alloc.free_blocks_for_growth()
+        if len(self.decoding) * (1 + (limit - 1) // bs) <= free and not self._multi_seq_decoding:
+            return limit  # room for every group to grow at every boundary it can reach
+        # counter -> the end counters of the groups whose growth the run itself schedules there
+        later: dict[int, list[int]] = {}
+        for j in range(1, limit):
+            c = d + j
+            ends = later.pop(c, [])
+            for kind, g, epoch, token in events.get(c, ()):
+                if g.epoch != epoch or g.status is not Status.DECODING:
+                    continue
+                if kind == _BEAM or len(g.seq_ids) > 1:
+                    return j
+                if token == g.grow_token:
+                    ends.append(g.anchor_counter + g.final_tokens - g.anchor_len)
+            need = len(ends)
+            for end in ends:  # a fresh block's room: the group's next growth is one block later
+                if c + bs < end:
+                    later.setdefault(c + bs, []).append(end)
+            if need:
+                if need > free:
+                    return j
+                free -= need
+        return limit
+
+    def advance_quiet(self, plan: StepPlan, k: int, record=None) -> StepOutcome:  # type: ignore[no-untyped-def]
+        """Complete ``plan`` and the ``k - 1`` identical steps after it, as ``k`` alternations of
+        :meth:`schedule` and :meth:`complete` would, without building their plans.
+
+        ``k`` must not exceed :meth:`quiet_run`. ``record(j, written_tokens)``, if given, is called
+        after step ``j`` (0-based) with the KV tokens written then, the allocator in its state
+        after that step, for the first step, each step whose growth changed the allocator, and
+        the last step (after its finishes). Between two calls only the written tokens change:
+        ``num_decode_seqs`` more per step. Returns the last step's outcome.
+        """
+        assert plan.step_id == self.step_id, "advance_quiet() must follow its own schedule()"
+        events = self._events
+        d0 = self.decode_counter
+        n, s1 = self._n_dec, self._s1
+        written = s1 + self._prefill_written  # before step 0; each step writes n more
+        if record is not None and k > 1:
+            record(0, written + n)
+        for j in range(1, k):  # step j's schedule(): the growths due at its counter
+            pending = events.pop(d0 + j, None)
+            if pending:
+                grew = False
+                for kind, g, epoch, token in pending:
+                    if g.epoch == epoch and g.status is Status.DECODING and token == g.grow_token:
+                        self._grow(g, d0 + j)
+                        grew = True
+                assert not self._preempted and not self._copies, "a quiet run's growth failed"
+                if grew and record is not None and j < k - 1:
+                    record(j, written + n * (j + 1))
+        m = k - 1  # steps 0 .. k-2 completed in closed form, step k-1 by complete()
+        self.step_id += m
+        self._s2 += m * (2 * s1 + n) + n * m * (m - 1)
+        self._s1 += m * n
+        self.decode_counter += m
+        outcome = self.complete(plan._replace(step_id=self.step_id))
+        if record is not None:
+            record(k - 1, self._s1 + self._prefill_written)
+        return outcome
 
     # ------------------------------------------------------------------ complete
     def complete(self, plan: StepPlan) -> StepOutcome:

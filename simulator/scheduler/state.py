@@ -55,6 +55,10 @@ class Group:
     first_token_emitted: bool = False
     blocked_by_external_fragmentation: bool = False
     reject_reason: str = ""
+    index: int = -1  # position in the run's request list (set by the engine)
+    # the last prefix-cache lookup while waiting: (cache generation, prompt tokens) -> tokens hit
+    lookup_key: tuple[int, int] = (-1, -1)
+    lookup_tokens: int = 0
 
     @property
     def request_id(self) -> int:

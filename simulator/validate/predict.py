@@ -49,6 +49,8 @@ _THROUGHPUT_KEY = {"output_throughput": "throughput_tok_s",
 class _Recorder:
     """A latency model that times steps with a roofline and keeps each step's terms."""
 
+    quiet_runs = False  # one call per step, in order: the terms line up with the step rows
+
     def __init__(self, roofline: RooflineLatency) -> None:
         self.roofline = roofline
         self.terms: list[StepTerms] = []

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -26,7 +29,7 @@ STEP_COLUMNS = [
     "allocator", "replica", "step", "time_s", "duration_s", "num_prefill_seqs", "num_prefill_tokens",
     "num_decode_seqs", "num_running_seqs", "num_waiting", "num_preempted", "kv_token_state",
     "kv_reserved", "kv_internal_fragmentation", "kv_external_fragmentation", "kv_free",
-    "kv_shared_saved",
+    "kv_shared_saved", "num_steps",
 ]
 KV_PARTS = ["kv_token_state", "kv_reserved", "kv_internal_fragmentation",
             "kv_external_fragmentation", "kv_free"]
@@ -125,17 +128,44 @@ def test_requests_csv_accounts_for_every_request(full_run):
         assert first[cols].equals(other[cols]), name
 
 
-def test_steps_csv_conserves_the_pool(full_run):
+def test_steps_csv_bins_conserve_the_pool_and_the_totals(full_run):
+    """The default steps.csv: one row per second of simulated time (simulator/steps.py)."""
     steps = pd.read_csv(full_run / "steps.csv")
     assert list(steps.columns) == STEP_COLUMNS
-    assert (steps[KV_PARTS].sum(axis=1) == 64 * 16).all()
+    assert np.allclose(steps[KV_PARTS].sum(axis=1), 64 * 16, rtol=1e-12)  # time-weighted means
     assert (steps[KV_PARTS] >= 0).all().all()
     assert list(steps.allocator.unique()) == ALLOCATORS
     summary = json.loads((full_run / "summary.json").read_text())
     for name, rows in steps.groupby("allocator"):
-        assert len(rows) == summary[name]["num_steps"]
-        assert rows.step.tolist() == list(range(len(rows)))
-        assert (rows.time_s.diff().dropna() > 0).all()
+        s = summary[name]
+        assert rows.num_steps.sum() == s["num_steps"]
+        assert (rows.time_s.diff().dropna() > 0).all()  # one replica: one row per busy second
+        assert (rows.time_s == np.floor(rows.time_s)).all()
+        assert (rows.duration_s <= 1.0 + s["ttft_s"]["p99"]).all()  # busy seconds, one step may overhang
+        busy = rows.duration_s.sum()
+        # the summary's time-weighted means are the bins' means weighted by their busy seconds
+        for part in KV_PARTS:
+            share = (rows[part] * rows.duration_s).sum() / busy / (64 * 16)
+            assert share == pytest.approx(s["kv"][part.removeprefix("kv_")], rel=1e-9, abs=1e-12)
+
+
+def test_steps_full_has_one_row_per_step(full_run, tmp_path):
+    out = tmp_path / "full"
+    args = [full_run.parent / "small.yaml", "--num-requests", "200", "--out", out, "--quiet",
+            "--no-plots", "--steps", "full", "--allocator", "paged"]
+    assert main(["simulate", *map(str, args)]) == 0
+    steps = pd.read_csv(out / "steps.csv")
+    assert list(steps.columns) == STEP_COLUMNS
+    assert (steps[KV_PARTS].sum(axis=1) == 64 * 16).all()
+    assert (steps.num_steps == 1).all()
+    summary = json.loads((out / "summary.json").read_text())["paged"]
+    assert len(steps) == summary["num_steps"]
+    assert steps.step.tolist() == list(range(len(steps)))
+    assert (steps.time_s.diff().dropna() > 0).all()
+    # the same run's summary as with the default bins: the totals do not depend on the rows
+    binned = json.loads((full_run / "summary.json").read_text())["paged"]
+    assert summary["num_steps"] == binned["num_steps"]
+    assert summary["kv"] == pytest.approx(binned["kv"], rel=1e-9)
 
 
 def test_run_json_records_the_inputs(full_run):
@@ -347,3 +377,28 @@ def test_profile_for_another_model_is_refused_unless_forced(tmp_path, capsys):
     tpot = s["tpot_s"]["p50"]
     assert 4.0e-3 + 2.0e-5 < tpot < 4.0e-3 + 2.0e-5 + 2.0e-8 * 60 + 1e-9
     assert not math.isnan(tpot)
+
+
+# --- start-up: what building the parser imports ------------------------------------------------
+
+HEAVY_MODULES = ("pandas", "matplotlib", "simpy", "torch", "scipy")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_building_the_parser_imports_no_command_implementation():
+    """Every run builds the whole parser (simulator/cli.py's docstring): it must not import a
+    command's implementation, nor the libraries that only running one needs. A fresh interpreter
+    is the only honest place to look (this one has imported everything already)."""
+    code = ("import sys; from simulator.cli import build_parser; build_parser(); "
+            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY_MODULES!r})))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_simulate_without_plots_does_not_import_matplotlib(tmp_path):
+    scenario = PROFILE_SCENARIO.replace("latency: {model: profile, profile: profile.yaml}\n", "")
+    path = write(tmp_path, "s.yaml", scenario)
+    argv = ["simulate", str(path), "--out", str(tmp_path / "out"), "--quiet", "--no-plots"]
+    code = f"import sys; from simulator.cli import main; rc = main({argv!r}); print(rc, 'matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "False"]
