@@ -303,8 +303,8 @@ def rule_for(cmd: Command) -> Rule | None:
         script = Path(words[0]).name
         if script == "kernel.py" or (script == "gpu_check.py" and "--dry-run" not in words):
             return Rule("parse (needs a CUDA GPU)", check_benchmark_help)
-        if script == "simulate.py":
-            return Rule("parse (times the whole hour-long trace several ways: a benchmark)",
+        if script in ("simulate.py", "workloads.py"):  # workloads.py: tests/workloads runs it small
+            return Rule("parse (times whole traces and 10^6 requests: a benchmark)",
                         check_benchmark_help)
         if script in ("allocator.py", "gpu_check.py"):
             return Rule("run", check_benchmark_small)
