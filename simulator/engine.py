@@ -215,7 +215,7 @@ def simulate(
     Raises ValueError for duplicate request ids or ``warmup_requests`` that leave nothing to
     measure, RuntimeError if a scheduler is stuck with work left.
     """
-    env = _Environment()
+    env = _Environment(0.0)  # a float clock from the start: every time written is a float
     replicas = [Replica(i, *make_replica(i)) for i in range(num_replicas)]
     n = len(requests)
     groups: list[Group | None] = [None] * n

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
 from simulator.outputs import replace_file
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
 
 
 def clean_json(value: Any) -> Any:
@@ -36,6 +40,22 @@ def write_csv(path: Path, frame: pd.DataFrame) -> None:
     """Write ``frame`` (no index, ``\\n`` line ends) to ``path`` atomically, as :func:`write_json`."""
     with replace_file(path) as tmp:
         frame.to_csv(tmp, index=False, lineterminator="\n")
+
+
+def _cell(value: Any) -> Any:
+    """A CSV cell as pandas' ``to_csv`` writes it: NaN empty, floats in their shortest repr."""
+    if isinstance(value, float):
+        return "" if value != value else float.__repr__(value)
+    return value
+
+
+def write_rows_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    """Write ``rows`` under ``header`` to ``path`` atomically, as :func:`write_csv` would write
+    the same table (the same bytes), without building a DataFrame: rows are streamed."""
+    with replace_file(path) as tmp, tmp.open("w", newline="", encoding="utf-8") as f:
+        out = csv.writer(f, lineterminator="\n")
+        out.writerow(header)
+        out.writerows([_cell(v) for v in row] for row in rows)
 
 
 def _ms(stats: dict[str, float | None], key: str) -> str:

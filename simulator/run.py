@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -19,11 +19,14 @@ from simulator.errors import KvplanError
 from simulator.outputs import default_out_dir, open_output
 from simulator.saturation import saturation
 from simulator.scenario import Scenario, canonical_allocator, load_scenario
-from simulator.steps import DEFAULT_BIN_S
+from simulator.steps import DEFAULT_BIN_S, STEP_COLUMNS
 from workloads.clients import OPEN_LOOP, Clients
 from workloads.request import Request
 from workloads.spec import build_requests
 from workloads.synthetic import ModelLenFit, fit_to_max_model_len
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
 
 
 # What simulate wrote before its folders carried outputs.MARKER: such a folder may be replaced.
@@ -32,11 +35,25 @@ SIMULATE_FILES = ("summary.json", "run.json", "requests.csv", "steps.csv")
 
 @dataclass
 class AllocatorRun:
+    """One allocator's run: the result, its requests table as columns
+    (:func:`metrics.request_columns`) and its summary; ``requests`` and ``steps`` give the
+    tables as pandas DataFrames, built when first asked for (``simulate`` writes its CSVs
+    without them)."""
+
     name: str
     result: SimResult
-    requests: pd.DataFrame
-    steps: pd.DataFrame
+    request_columns: dict[str, Any]
     summary: dict[str, Any]
+
+    @functools.cached_property
+    def requests(self) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame(self.request_columns, columns=list(metrics.REQUEST_COLUMNS))
+
+    @functools.cached_property
+    def steps(self) -> pd.DataFrame:
+        return metrics.steps_frame(self.result)
 
 
 # A rate override (dotted key) -> the scenario keys it replaces (set to None, i.e. not given).
@@ -120,11 +137,10 @@ def run_allocator(dep: Deployment, allocator: str, requests: list[Request], *,
                       num_replicas=dep.scenario.num_replicas, clients=clients, record_steps=record_steps,
                       step_bin_s=step_bin_s,
                       on_progress=advance if progress is not None else None)
-    req = metrics.requests_frame(result)
-    steps = metrics.steps_frame(result)
-    summary = metrics.summarize(result, req, steps, dep.capacity_tokens)
-    summary.update(saturation(result, req).as_dict())
-    return AllocatorRun(allocator, result, req, steps, summary)
+    columns = metrics.request_columns(result)
+    summary = metrics.summarize(result, columns, None, dep.capacity_tokens)
+    summary.update(saturation(result, columns).as_dict())
+    return AllocatorRun(allocator, result, columns, summary)
 
 
 def make_progress(quiet: bool) -> Progress | None:
@@ -172,21 +188,26 @@ def write_outputs(out_dir: Path, scenario: Scenario, dep: Deployment, runs: list
     """Write summary.json, run.json, requests.csv, steps.csv and the plots into ``out_dir``
     (a staging folder of :func:`simulator.outputs.open_output`: nobody else writes there)."""
     summary = {r.name: r.summary for r in runs}
-    requests = pd.concat([r.requests.assign(allocator=r.name) for r in runs], ignore_index=True)
-    steps = pd.concat([r.steps.assign(allocator=r.name) for r in runs], ignore_index=True)
-    requests = requests[["allocator", *metrics.REQUEST_COLUMNS]]
-    steps = steps[["allocator", *[c for c in steps.columns if c != "allocator"]]]
     report.write_json(out_dir / "summary.json", summary)
     report.write_json(out_dir / "run.json", {
         "scenario": scenario.model_dump(mode="json"),
         "deployment": dep.describe(),
         "num_requests": len(runs[0].result.requests) if runs else 0,
     })
-    report.write_csv(out_dir / "requests.csv", requests)
-    report.write_csv(out_dir / "steps.csv", steps)
+    report.write_rows_csv(out_dir / "requests.csv", ("allocator", *metrics.REQUEST_COLUMNS), (
+        (r.name, *row) for r in runs
+        for row in zip(*(r.request_columns[c] for c in metrics.REQUEST_COLUMNS))))
+    report.write_rows_csv(out_dir / "steps.csv", ("allocator", *STEP_COLUMNS), (
+        (r.name, *row) for r in runs for row in r.result.steps))
     if plots:
+        import pandas as pd
+
         from simulator.plots import write_plots
 
+        requests = pd.concat([r.requests.assign(allocator=r.name) for r in runs], ignore_index=True)
+        steps = pd.concat([r.steps.assign(allocator=r.name) for r in runs], ignore_index=True)
+        requests = requests[["allocator", *metrics.REQUEST_COLUMNS]]
+        steps = steps[["allocator", *STEP_COLUMNS]]
         slo = scenario.slo
         write_plots(out_dir, steps, requests, summary,
                     title=f"{scenario.name}: {dep.model.name} on {dep.gpu.name}",

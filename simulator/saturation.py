@@ -5,8 +5,8 @@ longer than the one before, so its latency figures say more about the trace's le
 the deployment (replay twice as many requests and the p99 TTFT doubles). `simulate` flags such a
 run, per allocator, with the stability test `capacity` uses to reject a rate — the least-squares
 slope of the queueing delay against the time each request was offered
-(:func:`simulator.capacity.search.queue_growth`), above
-:data:`simulator.capacity.search.MAX_QUEUE_GROWTH` seconds of extra waiting per second of trace.
+(:func:`queue_growth_of`, which `capacity` uses too), above :data:`MAX_QUEUE_GROWTH` seconds of
+extra waiting per second of trace.
 
 Only requests after the warm-up count; under a cap on requests in flight the wait for a client
 slot counts as queueing, measured from the workload's own arrival time, as in `capacity`. A
@@ -20,11 +20,32 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from simulator import metrics
-from simulator.capacity.search import MAX_QUEUE_GROWTH, queue_growth
 from simulator.engine import SimResult
+from simulator.scheduler import Status
+
+MAX_QUEUE_GROWTH = 0.05  # s of extra queueing per s of trace: an overload of ~5% or more is unstable
+
+
+def queue_growth_of(status: Any, arrival_s: Any, queue_delay_s: Any,
+                    offered_s: Any | None = None) -> float:
+    """Least-squares slope of finished requests' queueing delay against their arrival time.
+
+    With ``offered_s`` (the workload's arrival time of each request, when clients held sends
+    back), the delay counts from the offered arrival (the wait for a client slot, then the
+    server's queue) and the slope is taken against the offered arrival."""
+    finished = np.asarray(status, dtype=object) == Status.FINISHED.value
+    x = np.asarray(arrival_s, dtype=np.float64)[finished]
+    y = np.asarray(queue_delay_s, dtype=np.float64)[finished]
+    if offered_s is not None:
+        offered = np.asarray(offered_s, dtype=np.float64)[finished]
+        y = y + (x - offered)
+        x = offered
+    if len(x) < 2 or float(x.max() - x.min()) <= 0:
+        return 0.0
+    dx = x - x.mean()
+    return float((dx * (y - y.mean())).sum() / (dx * dx).sum())
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,11 +73,15 @@ class Saturation:
         return {"saturated": self.saturated, "queue_growth_s_per_s": self.queue_growth_s_per_s}
 
 
-def saturation(result: SimResult, requests: pd.DataFrame) -> Saturation:
-    """The :class:`Saturation` of a run: ``result`` and its :func:`metrics.requests_frame`."""
-    measured = metrics.measured_requests(result, requests)
+def saturation(result: SimResult, requests: Any) -> Saturation:
+    """The :class:`Saturation` of a run: ``result`` and its requests table
+    (:func:`metrics.request_columns` or :func:`metrics.requests_frame`)."""
+    cols = metrics.columns_of(requests)
+    warmup = result.clients.warmup_requests
     offered_s = None
     if result.offered is not None:  # sends waited for a client slot: count that wait as queueing
-        offered = result.offered[result.clients.warmup_requests:]
+        offered = result.offered[warmup:]
         offered_s = np.fromiter((r.arrival_s for r in offered), dtype=np.float64, count=len(offered))
-    return Saturation(queue_growth(measured, offered_s))
+    return Saturation(queue_growth_of(np.asarray(cols["status"], dtype=object)[warmup:],
+                                      np.asarray(cols["arrival_s"])[warmup:],
+                                      np.asarray(cols["queue_delay_s"])[warmup:], offered_s))
