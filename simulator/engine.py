@@ -89,7 +89,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from bisect import bisect_right
 from heapq import heappush
-from itertools import accumulate, count
+import itertools
+from itertools import accumulate
 
 import simpy
 from simpy.events import NORMAL
@@ -204,8 +205,9 @@ def simulate(
     or False; :mod:`simulator.steps`) and exact step totals.
 
     ``macro_steps``: run each stretch of identical decode steps between two events as one
-    (see "Quiet runs" in the module docstring); False runs every step on its own. Both give the
-    same results, bit for bit.
+    (see "Quiet runs" in the module docstring); False runs every step on its own. Both make the
+    same decisions at the same times, bit for bit; the summary's sums over steps agree to
+    rounding.
 
     ``stop_if(now_s, first_token_indices, finished_indices, sent)`` is called after every step
     (or quiet run) in which requests emitted their first token or finished, with their positions
@@ -233,7 +235,7 @@ def simulate(
     # (time, sequence number) of the creation of the event being processed: decides, for a
     # request sent at exactly the time a quiet run's step would start, whether that step's
     # schedule() sees it (SimPy processes events of one instant in creation order)
-    stamps = count()
+    stamps = itertools.count()
     arrived = [0]  # requests the arrival process has handed out
     cause_s: list[tuple[float, int]] = [(-math.inf, -1)]
 
@@ -396,7 +398,7 @@ def simulate(
                 if k2 < k:
                     k = k2
                     if starts[k] == now:
-                        rep.last_step = k
+                        rep.last_stamp, rep.last_step = -1, k
                         return k
                     event, last = env.timeout_at(starts[k]), True
                     rep.last_stamp, rep.last_step = -1, k  # made after the step began
@@ -423,6 +425,12 @@ def simulate(
                 t = times[g.index]
                 if t.admitted_s < 0:
                     t.admitted_s = now
+            if rep.late:  # held back by the last run, sent after its last step began
+                for g in rep.late:
+                    sched.enqueue(g)
+                rep.late.clear()
+                if plan.is_empty:  # their send would have woken this replica at this instant
+                    continue
             if plan.is_empty:
                 if nothing_more_to_send():
                     raise RuntimeError(
@@ -432,10 +440,6 @@ def simulate(
                 rep.wake = env.event()
                 yield rep.wake
                 continue
-            if rep.late:  # held back by the last run, sent after its last step began
-                for g in rep.late:
-                    sched.enqueue(g)
-                rep.late.clear()
             dt = latency.step_latency_s(plan)
             k = 1
             if macro and sched.is_quiet(plan):
