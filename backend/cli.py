@@ -23,19 +23,9 @@ import argparse
 import sys
 from typing import Any
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.table import Table
-
-# This module is loaded for every `kvplan` command (it adds its subcommands), so it must not import
-# torch: the command functions import the backend when they run.
+# This module is loaded for every `kvplan` command (it adds its subcommands), so it imports nothing
+# heavy: the command functions import the backend (torch) and rich's progress bars and tables when
+# they run.
 
 
 def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -69,6 +59,15 @@ def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
 def run_calibrate(args: argparse.Namespace) -> int:
     """Run ``calibrate`` with parsed arguments; bad input raises KvplanError."""
     import torch
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from backend.calibrate import CalibrateOptions, calibrate, default_out_path, resolve_device, write_profile
 
@@ -196,6 +195,9 @@ def _raw_verdict(target: dict[str, Any]) -> str:
 
 def print_fidelity(report: dict[str, Any]) -> None:
     """The fidelity table: measured, simulated, error, the measurement's own spread, target."""
+    from rich.console import Console
+    from rich.table import Table
+
     r = report["allocators"]["paged"]
     table = Table(title=f"fidelity of {report['scenario']} on {report['device']} (paged)", title_justify="left")
     for col in ("metric", "measured", "simulated", "error", "run-to-run", "target"):

@@ -2,6 +2,13 @@
 
 Bad input (a KvplanError) is printed as one line, ``kvplan: error: ...``, with exit code 2 —
 never a traceback.
+
+Every run builds the whole parser (``kvplan --help`` lists every command, and argparse needs each
+command's options to parse its own), so this module imports only the light modules that add the
+parsers; each command's implementation — the engine, pandas, matplotlib, torch — is imported
+when that command runs. Importing pandas and matplotlib alone costs ~0.9 s of CPU, more than a
+small simulation (``python benchmarks/startup.py`` measures it; ``python -X importtime`` shows
+what each module costs).
 """
 
 from __future__ import annotations
@@ -14,10 +21,9 @@ from importlib.metadata import entry_points
 from typing import TextIO
 
 from simulator import size_cmd
-from simulator.capacity import cmd as capacity_cmd
-from simulator.validate import cmd as validate_cmd
+from simulator.capacity import options as capacity_options
 from simulator.errors import KvplanError, KvplanWarning
-from simulator.run import run_simulate, scenario_overrides
+from simulator.validate import cmd as validate_cmd
 
 
 def _add_simulate(sub: argparse._SubParsersAction) -> None:
@@ -40,18 +46,27 @@ def add_simulate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override any scenario key, e.g. --set block_size=32 --set workload.rate=8")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--steps", choices=("bins", "full"), default="bins",
+                   help="steps.csv: one row per replica per --step-bin-s seconds (default), or one "
+                        "row per engine step (full; large for long runs)")
+    p.add_argument("--step-bin-s", type=float, default=1.0, metavar="S",
+                   help="seconds of simulated time per steps.csv row with --steps bins (default 1)")
     p.add_argument("--force", action="store_true", help="accept a latency profile measured for another setup")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no table")
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
-    for flag, value in (("--rate", args.rate), ("--num-requests", args.num_requests)):
+    from simulator.run import run_simulate, scenario_overrides
+
+    for flag, value in (("--rate", args.rate), ("--num-requests", args.num_requests),
+                        ("--step-bin-s", args.step_bin_s)):
         if value is not None and value <= 0:
             raise KvplanError(f"{flag} must be positive, got {value}")
     overrides = scenario_overrides(rate=args.rate, num_requests=args.num_requests, seed=args.seed,
                                    allocators=args.allocator, extra=args.set)
     run_simulate(args.scenario, out=args.out, overrides=overrides, quiet=args.quiet,
-                 plots=not args.no_plots, force_profile=args.force)
+                 plots=not args.no_plots, force_profile=args.force, steps=args.steps,
+                 step_bin_s=args.step_bin_s)
     return 0
 
 
@@ -94,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_simulate(sub)
     size_cmd.add_parser(sub)
-    capacity_cmd.add_parser(sub)
+    capacity_options.add_parser(sub)
     validate_cmd.add_parser(sub)
     _add_plugins(sub)
     return parser

@@ -261,8 +261,10 @@ def simulate(
             return False
         rep.outstanding += 1
         if in_run:  # the run decides which of its steps sees it (quiet runs, module docstring)
-            rep.held.append((g, env.now, cause_s[0]))
-            if not rep.interrupted:
+            now = env.now
+            rep.held.append((g, now, cause_s[0]))
+            # during the run's last step only its end can see it: no cut, no interrupt
+            if not rep.interrupted and now <= rep.run_starts[rep.last_step - 1]:  # type: ignore[index]
                 rep.interrupted = True
                 rep.process.interrupt()  # type: ignore[union-attr]
         elif rep.wake is not None and not rep.wake.triggered:

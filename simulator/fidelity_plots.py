@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from matplotlib.figure import Figure
 
 
 def write_fidelity_plot(path: Path, result: Mapping[str, Any], predicted_s: Sequence[float],
@@ -15,6 +14,9 @@ def write_fidelity_plot(path: Path, result: Mapping[str, Any], predicted_s: Sequ
     """Left: one dot per real step (measured x, predicted y, the y = x line, MAPE in the title).
     Right: relative error of each metric, the measurement's own run-to-run spread as a grey band,
     and the targets as dashed lines."""
+    # matplotlib only when the figure is drawn: backend.fidelity imports this module at its top
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(12, 5), dpi=120, layout="constrained")
     ax, bx = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.4]})
     m = np.asarray(measured_s, dtype=float) * 1e3

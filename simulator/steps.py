@@ -61,7 +61,9 @@ class StepTotals:
 
     ``*_s`` fields are integrals over busy time (value × step duration, summed); ``kv_s`` holds
     the six KV columns (token state, reserved, internal, external, free, shared saved) so.
-    ``peak_token_state`` is the largest token state any replica's pool held after a step.
+    ``peak_token_state`` is the largest token state any replica's pool held after a step, and
+    ``peak_used`` the most slots any replica's pool had allocated (token state + reserved +
+    internal fragmentation: the pool's capacity less its free and externally fragmented slots).
     """
 
     num_steps: int = 0
@@ -70,6 +72,7 @@ class StepTotals:
     max_batch: int = 0
     kv_s: list[float] = field(default_factory=lambda: [0.0] * 6)
     peak_token_state: int = 0
+    peak_used: int = 0
 
     def add(self, duration_s: float, batch: int, parts: tuple) -> None:
         self.num_steps += 1
@@ -82,6 +85,9 @@ class StepTotals:
             kv[i] += parts[i] * duration_s
         if parts[0] > self.peak_token_state:
             self.peak_token_state = parts[0]
+        used = parts[0] + parts[1] + parts[2]
+        if used > self.peak_used:
+            self.peak_used = used
 
     @classmethod
     def from_rows(cls, rows: list[tuple]) -> StepTotals:
@@ -179,7 +185,7 @@ class StepLog:
             bin_s = self.bin_s
             index = int(start_s // bin_s)
             split = not starts[m - 1] < (index + 1) * bin_s  # the run's steps start in two bins
-        peak = 0
+        peak = used = 0
         if not split:  # one bin (or none): add the segments up, then record them once
             sums = [0.0] * 8  # Σ dt × (six KV parts, running, waiting)
             for (a, running, waiting, (ts, res, internal, ext, free, saved)), b in zip(segments, ends):
@@ -196,6 +202,8 @@ class StepLog:
                 top = ts + num_decode * (b - 1 - a)  # token state peaks at a segment's last step
                 if top > peak:
                     peak = top
+                if ts + res + internal > used:  # allocated: the same all through a segment
+                    used = ts + res + internal
             busy = cum[m]
             self._add_sums(replica, index if self.mode == "bins" else -1, step_id, m, busy,
                            num_decode, sums)
@@ -205,6 +213,8 @@ class StepLog:
                 top = ts + num_decode * (b - 1 - a0)
                 if top > peak:
                     peak = top
+                if ts + res + internal > used:
+                    used = ts + res + internal
                 a = a0
                 while a < b:  # the steps of the segment that start in step a's bin
                     index = int(starts[a] // bin_s)
@@ -218,6 +228,8 @@ class StepLog:
                     a = c
         if totals.peak_token_state < peak:
             totals.peak_token_state = peak
+        if totals.peak_used < used:
+            totals.peak_used = used
 
     def _add_sums(self, replica: int, index: int, step_id: int, num_steps: int, busy: float,
                   num_decode: int, sums: list[float]) -> None:

@@ -36,10 +36,11 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from simulator.capacity import plots
-from simulator.capacity.executors import EXECUTORS, Executor, make_executor
+from simulator.capacity.executors import Executor, make_executor
+from simulator.capacity.options import SEARCHES
+from simulator.capacity.options import add_parser as add_parser  # the parser of run(), kept light
 from simulator.capacity.pareto import ParetoPoint, pareto_points, write_pareto_csv
-from simulator.capacity.search import SEARCHES, SearchResult, SearchTask, remove_partial_writes, run_search
+from simulator.capacity.search import SearchResult, SearchTask, remove_partial_writes, run_search
 from simulator.capacity.sweep import (
     csv_cell,
     CONCURRENCY_ONLY_FIELDS,
@@ -54,7 +55,6 @@ from simulator.capacity.sweep import (
     read_capacity_scenario,
     resolve_points,
     seeds_for,
-    start_rate_req_s,
     summarize_searches,
 )
 from simulator.capacity.table import print_table
@@ -69,39 +69,6 @@ CACHE_DIR = "cache"  # the probe cache under --out: kept across re-runs (simulat
 CAPACITY_FILES = ("capacity.csv", "capacity.json", CACHE_DIR)
 ROW_FIELDS = tuple(f.name for f in dataclasses.fields(CapacityRow) if f.name not in ("knobs", "point_index"))
 EXIT_POINTS_FAILED = 3  # some sweep points failed (a typo, weights that do not fit); the others ran
-
-
-def add_parser(subparsers: Any) -> None:
-    """Add the ``capacity`` subcommand to an ``argparse`` subparsers object."""
-    p = subparsers.add_parser(
-        "capacity", help="max sustainable request rate under the SLO, with sweeps",
-        description="For each allocator (and each point of a sweep), find the highest request rate at "
-                    "which the scenario's slo: holds, by doubling then bisection over the workload's rate.")
-    p.add_argument("scenario", help="scenario YAML with an slo: section (and optionally sweep:)")
-    p.add_argument("--allocator", action="append", metavar="NAME", help="only this allocator (repeatable)")
-    p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
-                   help="sweep a scenario knob (repeatable; crossed with the file's sweep:)")
-    p.add_argument("--no-sweep", action="store_true",
-                   help="ignore the file's sweep: section (only --sweep knobs vary): one point without them")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a scenario key, e.g. --set workload.num_requests=500")
-    p.add_argument("--seeds", type=int, default=3, help="seeds per point for synthetic workloads (default 3)")
-    p.add_argument("--tolerance", type=float, default=0.05,
-                   help="relative width at which bisection stops (default 0.05)")
-    p.add_argument("--start-rate", type=float, help="first rate tried (default: the workload's own)")
-    p.add_argument("--search", choices=SEARCHES, default="rate",
-                   help="what to search: the request rate (default), or the number of closed-loop "
-                        "clients from 1 up (concurrency; also draws pareto.png)")
-    p.add_argument("--executor", choices=EXECUTORS, default="process", help="where searches run")
-    p.add_argument("--address", help="Ray cluster address (with --executor ray; default: local)")
-    p.add_argument("--jobs", type=int, help="parallel processes (default: CPU count)")
-    p.add_argument("--price", action="append", default=[], metavar="GPU=USD_PER_HOUR",
-                   help="override a GPU's price per GPU-hour (repeatable)")
-    p.add_argument("--out", help="output folder (default: runs/<scenario name>-capacity/)")
-    p.add_argument("--no-plots", action="store_true", help="skip plots (and KV recording on every probe)")
-    p.add_argument("--no-cache", action="store_true", help="neither read nor write the probe cache")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no table")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -179,6 +146,11 @@ def run_capacity(path: str, *, allocators: Sequence[str] | None = None, sweeps: 
         try:
             results = _run_searches(pool, tasks, finished, quiet)
         except KeyboardInterrupt:
+            if cache_dir is not None:
+                # The executor stopped its workers before the interrupt reached here, killing those
+                # that did not stop in time (at once on a second Ctrl-C): a partial write is a
+                # killed worker's, and the lock is still ours.
+                remove_partial_writes(cache_dir)
             _say_interrupted(points, tasks, finished, price_overrides, notes, search, cache_dir,
                              time.perf_counter() - started, quiet)
             raise
@@ -256,7 +228,6 @@ def _tasks(points: list[SweepPoint], base_dir: Path, num_seeds: int, tolerance: 
            search: str = "rate") -> tuple[list[SearchTask], dict[int, str]]:
     tasks: list[SearchTask] = []
     notes: dict[int, str] = {}
-    memo: dict[str, float] = {}
     for point in points:
         if point.scenario is None:
             continue
@@ -264,10 +235,9 @@ def _tasks(points: list[SweepPoint], base_dir: Path, num_seeds: int, tolerance: 
         seeds, seed_note = seeds_for(point.scenario, num_seeds, search)
         if note or seed_note:
             notes[point.index] = "; ".join(n for n in (seed_note, note) if n)
-        if search == "concurrency":
-            start = 1.0  # the doubling from one client also measures the curve's points
-        else:
-            start = start_rate or start_rate_req_s(point.scenario, base_dir, memo)
+        # the doubling from one client also measures the curve's points; a rate search without
+        # --start-rate starts below the deployment's analytic ceiling (simulator.capacity.bound)
+        start = 1.0 if search == "concurrency" else start_rate
         # The canonical mapping (defaults left out) names the point in the cache, however it was written.
         canonical = point.scenario.model_dump(mode="json", exclude_defaults=True)
         for allocator in point.scenario.allocators:
@@ -329,8 +299,6 @@ def _progress(quiet: bool) -> Progress | None:
 # --- outputs --------------------------------------------------------------------------------
 
 
-
-
 def write_csv(path: Path, rows: Sequence[CapacityRow], search: str = "rate") -> None:
     """One line per row: ``point``, the knobs (their union, in sweep order), then the row's fields
     (those of the other search left out)."""
@@ -352,7 +320,8 @@ def _write_json(path: Path, rows: Sequence[CapacityRow], results: Sequence[Searc
         entry: dict[str, Any] = {
             "point": r.point_index, "allocator": r.allocator, "seed": r.seed, "search": r.search,
             "lo_rate_req_s": r.lo_rate_req_s, "hi_rate_req_s": r.hi_rate_req_s,
-            "probes": [p.to_json() for p in r.probes], "at_max": r.at_max.to_json() if r.at_max else None}
+            "probes": [p.to_json() for p in r.probes], "at_max": r.at_max.to_json() if r.at_max else None,
+            "bound": dataclasses.asdict(r.bound) if r.bound is not None else None}
         if r.search == "concurrency":
             entry.update(lo_concurrency=r.lo_concurrency, hi_concurrency=r.hi_concurrency,
                          curve=[p.to_json() for p in r.curve])
@@ -366,6 +335,9 @@ def _write_json(path: Path, rows: Sequence[CapacityRow], results: Sequence[Searc
 
 def _write_plots(plot_dir: Path, points: list[SweepPoint], rows: list[CapacityRow],
                  results: list[SearchResult], curve: Sequence[ParetoPoint] = ()) -> None:
+    # matplotlib (~0.5 s of CPU to import) only when plots are drawn: not with --no-plots
+    from simulator.capacity import plots
+
     by_point: dict[int, dict[str, list[SearchResult]]] = {}
     for r in results:
         by_point.setdefault(r.point_index, {}).setdefault(r.allocator, []).append(r)

@@ -24,13 +24,13 @@ from typing import Any, Protocol, TypeVar
 
 import simulator
 import workloads
+from simulator.capacity.options import EXECUTORS
 from simulator.errors import KvplanError
 
 T = TypeVar("T")
 R = TypeVar("R")
 OnDone = Callable[[int, Any], None]
 RAY_MISSING = "ray executor needs: pip install 'kvplan[ray]'"
-EXECUTORS = ("process", "ray")
 _SPAWN = multiprocessing.get_context("spawn")
 
 

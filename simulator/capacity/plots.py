@@ -1,7 +1,8 @@
 """The PNG plots of ``kvplan capacity``.
 
 * ``points/NNN.png`` per sweep point: throughput, p99 TTFT, p99 TPOT and KV utilization against
-  the request rate, from the search's probes, one curve per allocator (its first seed; other
+  the request rate, from the search's probes that ran to the end (one stopped early, its SLO
+  certainly broken, measured nothing to plot), one curve per allocator (its first seed; other
   seeds as dots), the SLO bounds as horizontal lines and each allocator's answer as a vertical one,
   a legend under the panels naming each kind of line;
 * ``capacity_vs_block_size.png`` (when ``block_size`` is swept) and ``capacity_per_dollar.png``
@@ -134,7 +135,7 @@ def _probe_curve(ax: Axes, allocator: str, i: int, results: Sequence[SearchResul
     colour = _colour(allocator, i)
     for k, result in enumerate(results):
         points = sorted((p.rate_req_s, v) for p in result.probes
-                        if (v := value(p)) is not None and math.isfinite(v))
+                        if p.stopped_at_s is None and (v := value(p)) is not None and math.isfinite(v))
         if not points:
             continue
         xs, ys = zip(*points)

@@ -6,11 +6,25 @@ previous one ends, as ``vllm bench serve --max-concurrency N`` does; see :mod:`w
 
 A *probe* replays the scenario's workload rescaled to one mean rate (``workload.rate``) and checks
 the SLO on the result. The search brackets the threshold by doubling (or halving) the rate from a
-start guess, then bisects the bracket ``[lo, hi]`` until ``hi − lo ≤ tolerance × lo``::
+start, then bisects the bracket ``[lo, hi]`` until ``hi − lo ≤ tolerance × lo``::
 
     start ──×2──×2──×2 (fails)          lo = last passing rate, hi = first failing rate
                  lo ├───────────┤ hi    bisect: mid passes -> lo = mid, fails -> hi = mid
                      lo ├─────┤ hi      ... until (hi − lo) / lo ≤ tolerance; the answer is lo
+
+The answer is the highest probed rate that held, with the next failing one within tolerance. A
+rate search starts (unless ``--start-rate`` says where) at half an analytic ceiling ``U`` on the
+rate — what the KV pool, the batch limit and the step time allow at best
+(:mod:`simulator.capacity.bound`) — so its second probe is usually ``U`` itself, the first
+failure, and bisection starts from a bracket of a factor of two: about 2 + log2(1 / tolerance)
+probes, none of them far above capacity.
+
+**Probes stop early.** A probe whose TTFT, TPOT or E2E p99 bound is already certainly broken —
+more measured requests exceeded it than the 99th percentile allows — stops there
+(:class:`simulator.capacity.stop.SloStopRule`, passed to the engine as ``stop_if``): it fails, its
+``failures`` says why and ``stopped_at_s`` when, and its statistics are left empty (None, 0),
+since the requests that had not ended would have changed them. Overloaded probes, the costliest
+to simulate in full, are the ones that stop soonest.
 
 Concurrency is searched the same way on integers from one client, until ``hi − lo ≤ max(1,
 tolerance × lo)``, and never beyond :func:`max_clients` (more clients than requests change
@@ -83,7 +97,8 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Callable
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,23 +107,29 @@ import numpy as np
 import pandas as pd
 
 from simulator import metrics
+from simulator.saturation import MAX_QUEUE_GROWTH, queue_growth_of
+from simulator.capacity.bound import RateBound, rate_bound
+from simulator.capacity.options import SEARCHES
+from simulator.capacity.stop import SloStopRule
 from simulator.deployment import Deployment, build_deployment
-from simulator.engine import simulate
+from simulator.engine import SimResult, simulate
 from simulator.errors import KvplanError
 from simulator.kv.allocator import Allocation, KVAllocator
-from simulator.latency import LatencyModel
+from simulator.latency import LatencyModel, quiet_latencies
 from simulator.plan import StepPlan
 from simulator.scenario import SLOSpec, parse_scenario
 from simulator.scheduler import Scheduler, Status
 from workloads.clients import OPEN_LOOP, Clients
 from workloads.request import Request
-from workloads.spec import WorkloadSpec, build_requests, shape_trace
+from workloads.spec import WorkloadSpec, build_requests, resolve_trace_path, shape_trace
 from workloads.synthetic import rescale_to_rate
 
-MAX_QUEUE_GROWTH = 0.05  # s of extra queueing per s of trace: an overload of ~5% or more is unstable
 MAX_DOUBLINGS = 24  # start × 2^24: beyond that the SLO holds "at every rate" (too short a trace)
 MAX_HALVINGS = 16  # start / 2^16: below that the SLO fails "at every rate"
-CACHE_VERSION = 4  # bump when a probe's meaning changes, so old cache files are not reused
+# bump when a probe's meaning changes, so old cache files are not reused. 5: probes stop early
+# (stopped_at_s), and TTFT/E2E include the latency model's request_overhead_s
+CACHE_VERSION = 5
+FALLBACK_START_REQ_S = 1.0  # a rate search's start when the workload gives no lengths to bound it
 CLIENTS_PER_BATCH_SLOT = 2  # concurrency search: at most this × max_num_seqs × replicas clients
 
 
@@ -128,7 +149,8 @@ class Bracket:
 
 def bracket_and_bisect(holds: Callable[[float], bool], start_rate: float, tolerance: float, *,
                        max_doublings: int = MAX_DOUBLINGS, max_halvings: int = MAX_HALVINGS,
-                       integer: bool = False, upper: float | None = None) -> Bracket:
+                       integer: bool = False, upper: float | None = None,
+                       fails_everywhere: Callable[[float], bool] | None = None) -> Bracket:
     """Find the largest load for which ``holds(load)`` is True, to relative ``tolerance``.
 
     Contract: when a load passes and another fails, the result has ``lo < hi`` and
@@ -136,6 +158,9 @@ def bracket_and_bisect(holds: Callable[[float], bool], start_rate: float, tolera
     ``hi − lo ≤ max(1, ⌊tolerance × lo⌋)``); no load above ``upper`` is tried (reaching it and
     passing there ends the search unbounded). ``holds`` is called once per distinct load, in the
     order of ``Bracket.rates``. Deterministic: the loads depend only on the answers.
+    ``fails_everywhere(load)``, asked after a load fails while none has passed: True when that
+    failure shows every load would fail, which ends the search there (no halving down to
+    nothing).
     """
     if not (start_rate > 0 and math.isfinite(start_rate)):
         raise ValueError(f"start_rate must be positive and finite, got {start_rate}")
@@ -171,6 +196,8 @@ def bracket_and_bisect(holds: Callable[[float], bool], start_rate: float, tolera
             nxt = hi // 2 if integer else hi / 2
             if nxt < (1 if integer else 0) or nxt == hi:
                 return Bracket(0.0, hi, tuple(rates))
+            if fails_everywhere is not None and fails_everywhere(hi):
+                return Bracket(0.0, hi, tuple(rates))
             if probe(nxt):
                 lo = nxt
                 break
@@ -198,7 +225,11 @@ class Probe:
     rate the clients achieved, which a closed loop offers by construction (arrivals =
     completions). Statistics leave out the workload's warm-up requests; throughput, goodput and
     tokens/s are over the steady window of ``window_s`` seconds (module docstring), or over the
-    run window when ``steady`` is False."""
+    run window when ``steady`` is False.
+
+    A probe stopped early (``stopped_at_s``: the simulated time it stopped at) failed on the
+    bound its ``failures`` names; its latency percentiles, rates and KV fields are None or 0:
+    the requests that had not ended would have changed them."""
 
     rate_req_s: float
     seed: int
@@ -225,6 +256,7 @@ class Probe:
     window_s: float = 0.0  # the window the rates are over: the steady window, or the run window
     steady: bool = True  # False: no steady window (every measured request sent at once)
     served_tok_s: float = 0.0  # output tokens emitted during the window, per second (docstring)
+    stopped_at_s: float | None = None  # stopped early, its SLO certainly broken (module docstring)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -241,9 +273,9 @@ def check_slo(slo: SLOSpec, *, num_requests: int, completed: int, rejected: int,
               queue_growth: float) -> tuple[str, ...]:
     """The broken parts of ``slo`` (empty = it holds), each a short phrase for reports."""
     failures: list[str] = []
-    rejected_fraction = rejected / num_requests if num_requests else 0.0
-    if rejected_fraction > slo.max_rejected_fraction:
-        failures.append(f"rejected {rejected_fraction:.1%} > {slo.max_rejected_fraction:.1%}")
+    if rejects_too_many(slo, num_requests=num_requests, rejected=rejected):
+        failures.append(f"rejected {rejected:,} of {num_requests:,} requests ({rejected / num_requests:.2%})"
+                        f" > {slo.max_rejected_fraction:.2%}, whatever the rate")
     if completed == 0:
         failures.append("no request finished")
     for label, value, bound in (("TTFT", ttft_p99_s, slo.ttft_p99_s), ("TPOT", tpot_p99_s, slo.tpot_p99_s),
@@ -255,24 +287,18 @@ def check_slo(slo: SLOSpec, *, num_requests: int, completed: int, rejected: int,
     return tuple(failures)
 
 
-def queue_growth(requests: pd.DataFrame, offered_s: np.ndarray | None = None) -> float:
-    """Least-squares slope of finished requests' queueing delay against their arrival time.
+def rejects_too_many(slo: SLOSpec, *, num_requests: int, rejected: int) -> bool:
+    """Whether more requests were rejected than the SLO allows. The scheduler rejects a request
+    when it arrives, for what it is (longer than max_model_len, more KV than the pool, more
+    sequences than max_num_seqs), never for the load: the same requests fail so at every rate."""
+    return bool(num_requests) and rejected / num_requests > slo.max_rejected_fraction
 
-    With ``offered_s`` (the workload's arrival time of each row, when clients held sends back),
-    the delay counts from the offered arrival (the wait for a client slot, then the server's
-    queue) and the slope is taken against the offered arrival."""
-    finished = (requests.status == Status.FINISHED.value).to_numpy()
-    done = requests[finished]
-    x = done.arrival_s.to_numpy(dtype=np.float64)
-    y = done.queue_delay_s.to_numpy(dtype=np.float64)
-    if offered_s is not None:
-        offered = np.asarray(offered_s, dtype=np.float64)[finished]
-        y = y + (x - offered)
-        x = offered
-    if len(x) < 2 or float(x.max() - x.min()) <= 0:
-        return 0.0
-    dx = x - x.mean()
-    return float((dx * (y - y.mean())).sum() / (dx * dx).sum())
+
+def queue_growth(requests: pd.DataFrame, offered_s: np.ndarray | None = None) -> float:
+    """:func:`simulator.saturation.queue_growth_of` of a requests frame (``simulate`` flags a
+    saturated run with the same test)."""
+    return queue_growth_of(requests.status.to_numpy(), requests.arrival_s.to_numpy(),
+                           requests.queue_delay_s.to_numpy(), offered_s)
 
 
 def met_slo(requests: pd.DataFrame, slo: SLOSpec) -> np.ndarray:
@@ -368,6 +394,17 @@ class _PeakBatch:
             self.max_batch_size = size
         return self.inner.step_latency_s(plan)
 
+    def quiet_latencies(self, plan: StepPlan, k: int) -> Iterator[float]:
+        """The inner model's durations of a quiet run (its fast path, when it has one); the run's
+        batch is ``plan``'s, already seen by :meth:`step_latency_s`."""
+        return quiet_latencies(self.inner, plan, k)
+
+    @property
+    def request_overhead_s(self) -> float:
+        """The inner model's per-request front-end delay, which the engine reads from the model
+        it is given (part of every TTFT and E2E: :mod:`simulator.metrics`)."""
+        return float(getattr(self.inner, "request_overhead_s", 0.0))
+
 
 def _counting_refusals(make_replica: Callable[[int], tuple[Scheduler, KVAllocator]],
                        refusals: list[int]) -> Callable[[int], tuple[Scheduler, KVAllocator]]:
@@ -392,14 +429,29 @@ def _counting_refusals(make_replica: Callable[[int], tuple[Scheduler, KVAllocato
 
 
 def simulate_probe(dep: Deployment, allocator: str, rate_req_s: float | None, seed: int, slo: SLOSpec,
-                   requests: list[Request], *, record_steps: bool, clients: Clients = OPEN_LOOP) -> Probe:
+                   requests: list[Request], *, record_steps: bool, clients: Clients = OPEN_LOOP,
+                   stop_early: bool = False, macro_steps: bool = True) -> Probe:
     """Replay ``requests`` (already at ``rate_req_s``) sent by ``clients`` on ``dep`` and check
-    ``slo``. ``rate_req_s`` None: a closed loop, whose rate is the one its clients achieve."""
+    ``slo``. ``rate_req_s`` None: a closed loop, whose rate is the one its clients achieve.
+
+    ``stop_early``: stop once a latency bound is certainly broken (module docstring; a rate
+    probe only). ``macro_steps`` False: the engine runs every step on its own (the same results,
+    slower: the baseline ``benchmarks/capacity.py`` compares with)."""
     peak, refusals = _PeakBatch(dep.latency), [0]
+    rule = None
+    if stop_early:
+        assert rate_req_s is not None, "a closed loop's probes are not stopped early"
+        rule = SloStopRule(slo, requests, warmup_requests=clients.warmup_requests,
+                           request_overhead_s=peak.request_overhead_s)
+    # no step rows: the KV figures come from the run's exact totals (simulator.steps.StepTotals)
     result = simulate(requests, _counting_refusals(dep.replica_factory(allocator), refusals), peak,
-                      num_replicas=dep.scenario.num_replicas, clients=clients, record_steps=record_steps)
-    frame, steps = metrics.requests_frame(result), metrics.steps_frame(result)
-    s = metrics.summarize(result, frame, steps, dep.capacity_tokens)
+                      num_replicas=dep.scenario.num_replicas, clients=clients, record_steps=False,
+                      macro_steps=macro_steps, stop_if=rule if rule is not None and rule.active else None)
+    if result.stopped is not None:
+        assert rate_req_s is not None
+        return _stopped_probe(result, rate_req_s, seed, peak.max_batch_size, refusals[0])
+    frame = metrics.requests_frame(result)
+    s = metrics.summarize(result, frame, None, dep.capacity_tokens)
     measured = metrics.measured_requests(result, frame)
     offered = None
     if result.offered is not None:
@@ -418,12 +470,12 @@ def simulate_probe(dep: Deployment, allocator: str, rate_req_s: float | None, se
                          ttft_p99_s=p99["ttft_s"], tpot_p99_s=p99["tpot_s"], e2e_p99_s=p99["e2e_s"],
                          queue_growth=growth)
     kv: dict[str, float | None] = {"kv_used_mean": None, "kv_used_peak": None, "kv_token_state_mean": None}
-    if record_steps and len(steps):
-        cap = dep.capacity_tokens
-        used = (cap - steps.kv_free - steps.kv_external_fragmentation) / cap
+    totals = result.totals()
+    if record_steps and totals.num_steps:
         # max(0, ...): 1 − free − external can come out as −1e-16 for an idle pool
         kv = {"kv_used_mean": max(0.0, 1.0 - s["kv"]["free"] - s["kv"]["external_fragmentation"]),
-              "kv_used_peak": float(used.max()), "kv_token_state_mean": s["kv"]["token_state"]}
+              "kv_used_peak": totals.peak_used / dep.capacity_tokens,
+              "kv_token_state_mean": s["kv"]["token_state"]}
     return Probe(
         rate_req_s=rates.rate_req_s if closed_loop else rate_req_s, seed=seed, ok=not failures,
         failures=failures, num_requests=len(requests), completed=s["completed"], rejected=s["rejected"],
@@ -437,10 +489,25 @@ def simulate_probe(dep: Deployment, allocator: str, rate_req_s: float | None, se
     )
 
 
+def _stopped_probe(result: SimResult, rate_req_s: float, seed: int, max_batch_size: int,
+                   num_kv_refusals: int) -> Probe:
+    """The record of a probe stopped early: failed, on ``result.stopped``; the counts are those
+    at the stop, and nothing is measured over requests that had not ended (Probe docstring)."""
+    ended = Counter(g.status for g in result.groups if g is not None)
+    return Probe(
+        rate_req_s=rate_req_s, seed=seed, ok=False, failures=(str(result.stopped),),
+        num_requests=len(result.requests), completed=ended[Status.FINISHED], rejected=ended[Status.REJECTED],
+        throughput_req_s=0.0, throughput_tok_s=0.0, goodput_req_s=0.0, ttft_p99_s=None, tpot_p99_s=None,
+        e2e_p99_s=None, queue_delay_p99_s=None, queue_growth=0.0, max_batch_size=max_batch_size,
+        num_kv_refusals=num_kv_refusals,
+        num_preemptions=sum(rep.scheduler.num_preemptions for rep in result.replicas),
+        window_s=0.0, stopped_at_s=result.end_s,
+    )
+
+
 # --- one search (the unit of parallel work) -------------------------------------------------
 
 
-SEARCHES = ("rate", "concurrency")
 CURVE_MIN_GAIN = 0.05  # the curve stops once doubling the clients adds less than 5% throughput
 
 
@@ -450,9 +517,11 @@ class SearchTask:
 
     ``scenario`` is the point's resolved scenario mapping with ``allocators`` set to this
     allocator and ``seed`` to this seed; ``base_dir`` anchors its relative paths. ``search`` is
-    what varies: ``rate`` (``start_rate_req_s`` is the first rate) or ``concurrency`` (closed-loop
-    clients; ``start_rate_req_s`` is the first number of clients). ``curve``: also measure the
-    throughput-latency curve over 1, 2, 4, ... clients (concurrency only).
+    what varies: ``rate`` (``start_rate_req_s`` is the first rate; None: half the analytic
+    ceiling, :mod:`simulator.capacity.bound`) or ``concurrency`` (closed-loop clients;
+    ``start_rate_req_s`` is the first number of clients). ``curve``: also measure the
+    throughput-latency curve over 1, 2, 4, ... clients (concurrency only). ``macro_steps`` False:
+    the engine runs every step on its own (same results, slower; for benchmarks).
     """
 
     point_index: int
@@ -461,16 +530,18 @@ class SearchTask:
     base_dir: str
     allocator: str
     seed: int
-    start_rate_req_s: float
+    start_rate_req_s: float | None
     tolerance: float
     record_steps: bool  # KV data on every probe (the KV-utilization plot needs it)
     cache_dir: str | None
     search: str = "rate"
     curve: bool = False
+    macro_steps: bool = True
 
     def __post_init__(self) -> None:
         assert self.search in SEARCHES, self.search
         assert not self.curve or self.search == "concurrency", "a curve is over concurrency"
+        assert self.start_rate_req_s is not None or self.search == "rate", "clients start from a number"
 
 
 @dataclass(frozen=True, slots=True)
@@ -481,7 +552,8 @@ class SearchResult:
     ``lo_rate_req_s``/``hi_rate_req_s`` are rates: the bracket of a rate search, or the rates the
     clients achieved at ``lo_concurrency``/``hi_concurrency`` (0.0/None when there is no such
     probe) for a concurrency search. ``curve``: probes at 1, 2, 4, ... clients (see
-    :func:`curve_loads`), empty unless asked for."""
+    :func:`curve_loads`), empty unless asked for. ``bound``: the analytic ceiling a rate search
+    started from (None when it was given a start, and for a concurrency search)."""
 
     point_index: int
     allocator: str
@@ -494,6 +566,7 @@ class SearchResult:
     lo_concurrency: int | None = None
     hi_concurrency: int | None = None
     curve: tuple[Probe, ...] = ()
+    bound: RateBound | None = None
 
 
 def cache_key(scenario: dict[str, Any], base_dir: str, allocator: str, load: float, seed: int,
@@ -544,9 +617,10 @@ class RateWorkload:
     """A scenario's requests at any mean rate (as ``build_requests`` with ``workload.rate`` set)
     or sent by any number of closed-loop clients (``workload.concurrency`` set).
 
-    A trace is parsed once; each load then reshapes it with :func:`workloads.spec.shape_trace`, the
-    very function ``build_requests`` uses (so the same requests, bit for bit): parsing is most of
-    the cost of building a trace's requests, as much as a short simulation. At a rate, a trace's
+    A trace is parsed once per process (:func:`parsed_trace`: every search of a sweep in a worker
+    shares it); each load then reshapes it with :func:`workloads.spec.shape_trace`, the very
+    function ``build_requests`` uses (so the same requests, bit for bit): parsing is most of the
+    cost of building a trace's requests, as much as a short simulation. At a rate, a trace's
     selection is rescaled as a whole (module docstring): the same requests at every rate.
     """
 
@@ -573,6 +647,14 @@ class RateWorkload:
         except KvplanError as err:
             raise KvplanError(f"workload: {err}") from None
 
+    @property
+    def same_requests_at_every_rate(self) -> bool:
+        """Whether :meth:`at_rate` sends the same requests (lengths, samples) at every rate, only
+        at other times: a trace's selection, or a synthetic workload of a number of requests
+        (its lengths are drawn apart from its arrivals). Over a duration the count varies."""
+        return self.spec.trace is not None or (self.spec.num_requests is not None
+                                                and self.spec.duration_s is None)
+
     def at_concurrency(self, concurrency: int) -> tuple[list[Request], Clients]:
         """The workload's requests and the ``concurrency`` closed-loop clients that send them
         (its arrival times dropped, see :meth:`WorkloadSpec.closed_loop_at`)."""
@@ -590,11 +672,38 @@ class RateWorkload:
                 "rate": None, "rate_scale": None, "start_s": None, "duration_s": None,
                 "num_requests": None, "n": 1, "beam_width": 1, "concurrency": None,
                 "requests_per_client": None})
-            self._full = build_requests(bare, seed=self.seed, base_dir=self.base_dir)
+            self._full = parsed_trace(bare, self.base_dir)
         try:
             return shape_trace(self._full, spec)
         except KvplanError as err:
             raise KvplanError(f"workload: {err}") from None
+
+
+TRACE_CACHE_SIZE = 4  # parsed traces kept per process (the bundled Azure one is ~19k requests)
+_traces: OrderedDict[tuple[str, int, int, str], list[Request]] = OrderedDict()
+
+
+def parsed_trace(spec: WorkloadSpec, base_dir: Path) -> list[Request]:
+    """``build_requests(spec)`` for a trace ``spec`` that selects nothing (the whole trace at its
+    own rate), parsed once per process: a sweep's searches in one worker, and the probes of each,
+    share it. The key is the file (resolved path, modification time and size: an edited trace is
+    read again) and the spec (format and column options; a trace ignores the seed). Callers
+    must not modify the list (shape_trace and rescaling build new ones)."""
+    assert spec.trace is not None
+    try:
+        path = resolve_trace_path(spec.trace, base_dir).resolve()
+        stat = path.stat()
+    except (KvplanError, OSError):  # build_requests says what is wrong, as a workload error
+        return build_requests(spec, seed=0, base_dir=base_dir)
+    key = (str(path), stat.st_mtime_ns, stat.st_size, spec.model_dump_json())
+    if key in _traces:
+        _traces.move_to_end(key)
+        return _traces[key]
+    requests = build_requests(spec, seed=0, base_dir=base_dir)
+    _traces[key] = requests
+    while len(_traces) > TRACE_CACHE_SIZE:
+        _traces.popitem(last=False)
+    return requests
 
 
 def max_clients(spec: WorkloadSpec, max_num_seqs: int, num_replicas: int) -> int:
@@ -652,11 +761,12 @@ def run_search(task: SearchTask) -> SearchResult:
         if by_clients:
             requests, clients = workload.at_concurrency(int(load))
             return simulate_probe(dep, task.allocator, None, task.seed, slo, requests,
-                                  record_steps=record_steps, clients=clients)
+                                  record_steps=record_steps, clients=clients, macro_steps=task.macro_steps)
         requests = workload.at_rate(load)
         clients = scenario.workload.client_policy(len(requests))
         return simulate_probe(dep, task.allocator, load, task.seed, slo, requests,
-                              record_steps=record_steps, clients=clients)
+                              record_steps=record_steps, clients=clients, stop_early=True,
+                              macro_steps=task.macro_steps)
 
     def probe(load: float, record_steps: bool) -> Probe:
         if (load, record_steps) in memo:
@@ -683,12 +793,28 @@ def run_search(task: SearchTask) -> SearchResult:
         return result
 
     if not by_clients:
-        bracket = bracket_and_bisect(lambda r: probe(r, task.record_steps).ok, task.start_rate_req_s,
-                                     task.tolerance)
+        bound = None
+        start = task.start_rate_req_s
+        if start is None:
+            # any rate gives the lengths; a synthetic workload of a duration may draw none at 1 req/s
+            sample = workload.at_rate(1.0)
+            bound = rate_bound(dep, task.allocator, sample, slo) if sample else None
+            start = bound.start_req_s if bound is not None else FALLBACK_START_REQ_S
+
+        def fails_everywhere(rate: float) -> bool:
+            """A probe run to the end that rejected too many requests: so would every rate, when
+            every rate sends the same requests (rejections do not depend on the load)."""
+            p = memo[rate, task.record_steps]
+            return (workload.same_requests_at_every_rate and p.stopped_at_s is None
+                    and rejects_too_many(slo, num_requests=p.num_requests, rejected=p.rejected))
+
+        bracket = bracket_and_bisect(lambda r: probe(r, task.record_steps).ok, start, task.tolerance,
+                                     fails_everywhere=fails_everywhere)
         probes = tuple(memo[r, task.record_steps] for r in bracket.rates)
         at_max = probe(bracket.lo_rate, True) if bracket.lo_rate > 0 else None
         return SearchResult(task.point_index, task.allocator, task.seed, bracket.lo_rate, bracket.hi_rate,
-                            probes, at_max)
+                            probes, at_max, bound=bound)
+    assert task.start_rate_req_s is not None
     cfg = dep.scheduler_config
     upper = max_clients(scenario.workload, cfg.max_num_seqs, scenario.num_replicas)
     start = min(int(task.start_rate_req_s), upper)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import math
 import statistics
 from collections.abc import Sequence
@@ -34,11 +33,9 @@ from simulator.capacity.search import Probe, SearchResult, limited_by
 from simulator.deployment import Deployment, build_deployment
 from simulator.errors import KvplanError, unknown_name
 from simulator.kv.gpus import get_gpu
-from simulator.run import load_requests
 from simulator.scenario import Scenario, parse_scenario, set_dotted
 from simulator.yamlfile import read_yaml
 from workloads.spec import FixedLengths
-from workloads.synthetic import mean_rate_per_s
 
 SWEEP_KEY = "sweep"
 NOT_SWEEPABLE = {"seed": "use --seeds", "workload.rate": "the search varies the rate",
@@ -46,7 +43,6 @@ NOT_SWEEPABLE = {"seed": "use --seeds", "workload.rate": "the search varies the 
                  "workload.arrival.rate": "the search varies the rate",
                  "workload.concurrency": "--search concurrency varies the clients",
                  "name": "", "description": ""}
-DEFAULT_START_RATE_REQ_S = 1.0
 # A steady window shorter than two request lifetimes (p99 E2E) is mostly ramp-up: the load never
 # settled, and an SLO may hold only because the workload ended first.
 MIN_WINDOW_PER_E2E = 2.0
@@ -198,27 +194,6 @@ def seeds_for(scenario: Scenario, num_seeds: int, search: str = "rate") -> tuple
         return [scenario.seed], ("fixed lengths sent without arrival times: the seed changes nothing, "
                                  "so 1 seed")
     return [scenario.seed + k for k in range(num_seeds)], None
-
-
-def start_rate_req_s(scenario: Scenario, base_dir: Path, memo: dict[str, float]) -> float:
-    """The search's first rate: the workload's own mean rate (its ``rate``, its arrival rate, or
-    the trace's native rate times ``rate_scale``)."""
-    spec = scenario.workload
-    if spec.rate is not None and math.isfinite(spec.rate):
-        return spec.rate
-    if spec.burst:  # rate: inf has no rate to start from: the trace's own, or the default
-        scenario = scenario.model_copy(update={"workload": spec.model_copy(update={"rate": None})})
-        spec = scenario.workload
-    scale = spec.rate_scale or 1.0
-    if spec.arrival is not None and spec.arrival.rate is not None:
-        return spec.arrival.rate * scale
-    key = json.dumps([spec.model_dump(mode="json"), str(base_dir)], sort_keys=True)
-    if key not in memo:
-        try:
-            memo[key] = mean_rate_per_s(load_requests(scenario, base_dir))
-        except KvplanError:  # one request, or all at one instant: no native rate to start from
-            memo[key] = DEFAULT_START_RATE_REQ_S
-    return memo[key]
 
 
 # --- table rows -----------------------------------------------------------------------------

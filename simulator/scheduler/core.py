@@ -574,14 +574,36 @@ class Scheduler:
         written = s1 + self._prefill_written  # before step 0; each step writes n more
         if record is not None and k > 1:
             record(0, written + n)
+        alloc = self.alloc
+        append, until = alloc.append, alloc.tokens_until_append
+        decoding = Status.DECODING
         for j in range(1, k):  # step j's schedule(): the growths due at its counter
-            pending = events.pop(d0 + j, None)
+            d = d0 + j
+            pending = events.pop(d, None)
             if pending:
                 grew = False
                 for kind, g, epoch, token in pending:
-                    if g.epoch == epoch and g.status is Status.DECODING and token == g.grow_token:
-                        self._grow(g, d0 + j)
-                        grew = True
+                    if g.epoch != epoch or g.status is not decoding or token != g.grow_token:
+                        continue
+                    grew = True
+                    seqs = g.seq_ids
+                    if len(seqs) > 1:
+                        self._grow(g, d)
+                        continue
+                    # _grow's single-sequence path, inlined (a quiet run's growth cannot fail)
+                    s = seqs[0]
+                    length = g.anchor_len + d - g.anchor_counter
+                    r = append(s, length + 1)
+                    if r is None or r.copies:
+                        raise AssertionError("a quiet run's growth failed or copied")
+                    g.grow_token += 1
+                    due = d + until(s, length)
+                    if due < g.anchor_counter + g.final_tokens - g.anchor_len:
+                        later = events.get(due)
+                        if later is None:
+                            events[due] = [(_GROW, g, g.epoch, g.grow_token)]
+                        else:
+                            later.append((_GROW, g, g.epoch, g.grow_token))
                 assert not self._preempted and not self._copies, "a quiet run's growth failed"
                 if grew and record is not None and j < k - 1:
                     record(j, written + n * (j + 1))

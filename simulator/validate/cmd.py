@@ -21,21 +21,22 @@ import hashlib
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typing import TYPE_CHECKING, Any
 
 from simulator.errors import KvplanError
 from simulator.latency import constants as rc
 from simulator.latency.constants import FIELDS, RooflineConstants
 from simulator.outputs import RUNS_DIR, check_output, open_output
-from simulator.report import write_json
-from simulator.validate import fit as fitting
-from simulator.validate import report
-from simulator.validate.predict import SetupResult, simulate_setup
 from simulator.validate.setups import Setup, group_setups
 from simulator.validate.table import default_table_path, read_table, select_sources
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from simulator.validate.predict import SetupResult
+
+# The CLI imports this module for every command (it adds the ``validate`` parser), so what only
+# running the command needs — the simulator, pandas, matplotlib, rich — is imported when it runs.
 
 # What validate wrote before its folders carried outputs.MARKER: such a folder may be replaced.
 VALIDATE_FILES = ("validate.csv", "validate.json")
@@ -68,6 +69,11 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from simulator.validate import report
+    from simulator.validate.predict import simulate_setup
+
     if args.write and not args.fit:
         raise KvplanError("--write writes fitted constants: give --fit too")
     if args.write and (args.source or args.table):
@@ -141,6 +147,9 @@ def fit_defaults(setups: Sequence[Setup], tick: Callable[[], None]
     """Fit the constants in rounds (simulate with recording, re-timed fit), then leave one
     source out on the last round's recordings. Returns the constants, the last round's results
     (simulated with them), the held-out predictions and the fit's provenance."""
+    from simulator.validate import fit as fitting
+    from simulator.validate.predict import simulate_setup
+
     current = _start_constants()
     history = []
     results: list[SetupResult] = []
@@ -222,6 +231,8 @@ def _sha256(path: Path) -> str:
 
 
 def _write_json(path: Path, data: Any) -> None:
+    from simulator.report import write_json
+
     write_json(path, data)  # atomic, through a temporary name of its own
 
 
@@ -234,6 +245,9 @@ def _ticking(items: Sequence[Setup], tick: Callable[[], None]):  # type: ignore[
 def _progress(quiet: bool) -> Progress | None:
     if quiet or not sys.stderr.isatty():
         return None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     return Progress(TextColumn("[bold]validate"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("simulations"), TimeElapsedColumn(), console=Console(stderr=True),
                     transient=True)

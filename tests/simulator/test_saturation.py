@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from simulator import metrics, report
-from simulator.capacity.search import MAX_QUEUE_GROWTH
+from simulator.saturation import MAX_QUEUE_GROWTH
 from simulator.cli import main
 from simulator.engine import simulate
 from simulator.kv.paged import PagedAllocator

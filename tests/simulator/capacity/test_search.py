@@ -7,6 +7,7 @@ request) is admitted at max(i/r, i·S), and p99 statistics follow in closed form
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from simulator.capacity import search
 from simulator.capacity.search import (
     MAX_QUEUE_GROWTH,
     Probe,
@@ -82,6 +84,27 @@ def test_bracket_when_nothing_passes_or_everything_does() -> None:
     assert always.lo_rate == 32.0 and always.hi_rate is None and len(always.rates) == 6
 
 
+def test_a_failure_that_holds_at_every_load_ends_the_search() -> None:
+    ended = bracket_and_bisect(lambda r: False, 8.0, 0.05, fails_everywhere=lambda r: True)
+    assert (ended.lo_rate, ended.hi_rate, ended.rates) == (0.0, 8.0, (8.0,))
+    # asked only while nothing has passed: a pass, then failures, bisect as usual
+    found = bracket_and_bisect(lambda r: r <= 3.0, 1.0, 0.05, fails_everywhere=lambda r: True)
+    assert found.lo_rate <= 3.0 < found.hi_rate  # type: ignore[operator]
+
+
+def test_requests_rejected_at_any_rate_take_one_probe(tmp_path: Path) -> None:
+    """One request of 100 is longer than max_model_len: the scheduler rejects it at every rate,
+    so the first probe to run to the end says the SLO fails everywhere."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n"
+                     + "".join(f"{i},{100 if i == 50 else 16},1\n" for i in range(100)))
+    data = {**analytic_scenario(1, {"ttft_p99_s": 0.15}), "max_model_len": 64,
+            "workload": {"trace": str(trace)}}
+    result = run_search(dataclasses.replace(task(data, base_dir=tmp_path), start_rate_req_s=None))
+    assert len(result.probes) == 1 and result.lo_rate_req_s == 0.0 and result.at_max is None
+    assert result.probes[0].failures == ("rejected 1 of 100 requests (1.00%) > 0.00%, whatever the rate",)
+
+
 def test_bracket_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError):
         bracket_and_bisect(lambda r: True, 0.0, 0.05)
@@ -99,7 +122,8 @@ def test_check_slo_names_every_broken_bound() -> None:
     assert check_slo(slo, **ok) == ()
     bad = check_slo(slo, **{**ok, "rejected": 2, "ttft_p99_s": 1.5, "tpot_p99_s": 0.2, "e2e_p99_s": 11.0,
                             "queue_growth": 0.5})
-    assert bad == ("rejected 2.0% > 1.0%", "TTFT p99 1.5 s > 1 s", "TPOT p99 0.2 s > 0.1 s",
+    assert bad == ("rejected 2 of 100 requests (2.00%) > 1.00%, whatever the rate", "TTFT p99 1.5 s > 1 s",
+                   "TPOT p99 0.2 s > 0.1 s",
                    "E2E p99 11 s > 10 s", "unstable: queueing delay grows 0.5 s per s")
     # one-token outputs have no TPOT: that bound cannot fail
     assert check_slo(slo, **{**ok, "tpot_p99_s": None}) == ()
@@ -165,7 +189,10 @@ def test_a_small_kv_pool_limits_concurrency() -> None:
 def test_record_steps_gives_kv_data_on_every_probe() -> None:
     data = analytic_scenario(1, {"ttft_p99_s": 0.15}, 20)
     result = run_search(task(data, tolerance=0.2, record_steps=True))
-    assert all(p.kv_used_mean is not None and p.kv_used_peak is not None for p in result.probes)
+    # every probe that ran to the end; one stopped early has none (its run is cut short)
+    assert all((p.kv_used_mean is not None and p.kv_used_peak is not None) == (p.stopped_at_s is None)
+               for p in result.probes)
+    assert result.at_max is not None and result.at_max.kv_used_mean is not None
 
 
 # --- cache keys and records ------------------------------------------------------------------------
@@ -215,3 +242,25 @@ def test_synthetic_workload_follows_the_seed() -> None:
     a = RateWorkload(spec, seed=1, base_dir=Path(".")).at_rate(4.0)
     assert a == RateWorkload(spec, seed=1, base_dir=Path(".")).at_rate(4.0)
     assert a != RateWorkload(spec, seed=2, base_dir=Path(".")).at_rate(4.0)
+
+
+def test_a_trace_is_parsed_once_per_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The searches of a sweep in one worker share the parsed trace; an edited file is read again."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,10,5\n1.0,20,5\n2.0,30,5\n")
+    parses = [0]
+    real = search.build_requests
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        parses[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(search, "build_requests", counted)
+    spec = WorkloadSpec.model_validate({"trace": str(trace), "num_requests": 2})
+    first = RateWorkload(spec, seed=0, base_dir=tmp_path).at_rate(2.0)
+    again = RateWorkload(spec, seed=3, base_dir=tmp_path).at_rate(4.0)  # another search, another seed
+    assert parses[0] == 1
+    assert [r.prompt_tokens for r in first] == [r.prompt_tokens for r in again] == [10, 20]
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,11,5\n1.0,21,5\n2.0,31,5\n4.0,41,5\n")
+    edited = RateWorkload(spec, seed=0, base_dir=tmp_path).at_rate(2.0)
+    assert parses[0] == 2 and [r.prompt_tokens for r in edited] == [11, 21]

@@ -18,7 +18,6 @@ from simulator.capacity.sweep import (
     read_capacity_scenario,
     resolve_points,
     seeds_for,
-    start_rate_req_s,
     summarize_searches,
 )
 from simulator.errors import KvplanError
@@ -131,16 +130,6 @@ def test_seeds_for_traces_and_synthetic() -> None:
     assert seeds_for(beams, 2)[0] == [0, 1]  # beam search draws from the seed
     with pytest.raises(KvplanError, match="--seeds must be at least 1"):
         seeds_for(synthetic, 0)
-
-
-def test_start_rate_is_the_workloads_own_rate() -> None:
-    memo: dict[str, float] = {}
-    assert start_rate_req_s(parse_scenario(BASE, "x"), Path("."), memo) == 2.0
-    scaled = {**BASE, "workload": {**BASE["workload"], "rate_scale": 3.0}}
-    assert start_rate_req_s(parse_scenario(scaled, "x"), Path("."), memo) == 6.0
-    trace = parse_scenario({**BASE, "workload": {"trace": "bundled:azure-conv", "num_requests": 200}}, "x")
-    native = start_rate_req_s(trace, Path("."), memo)
-    assert 0.5 < native < 50 and len(memo) == 1
 
 
 # --- rows -------------------------------------------------------------------------------------------------
