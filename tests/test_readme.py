@@ -303,7 +303,8 @@ def rule_for(cmd: Command) -> Rule | None:
         script = Path(words[0]).name
         if script == "kernel.py" or (script == "gpu_check.py" and "--dry-run" not in words):
             return Rule("parse (needs a CUDA GPU)", check_benchmark_help)
-        if script in ("simulate.py", "workloads.py"):  # workloads.py: tests/workloads runs it small
+        # workloads.py: tests/workloads runs it small; capacity.py and startup.py time commands
+        if script in ("simulate.py", "workloads.py", "capacity.py", "startup.py"):
             return Rule("parse (times whole traces and 10^6 requests: a benchmark)",
                         check_benchmark_help)
         if script in ("allocator.py", "gpu_check.py"):

@@ -89,6 +89,9 @@ def test_quiet_runs_give_the_same_run(name, overrides):
         assert fast.steps == slow.steps
     else:
         assert sorted(fast.steps) == sorted(slow.steps)
+    totals = fast.totals(), slow.totals()
+    assert (totals[0].num_steps, totals[0].max_batch, totals[0].peak_token_state, totals[0].peak_used) == \
+        (totals[1].num_steps, totals[1].max_batch, totals[1].peak_token_state, totals[1].peak_used)
     summaries = []
     for r in (fast, slow):
         req = metrics.requests_frame(r)
