@@ -65,7 +65,7 @@ class Deployment:
     def replica_factory(self, allocator: str, *, detail: bool = False) -> Callable[[int], tuple[Scheduler, KVAllocator]]:
         def make(_: int) -> tuple[Scheduler, KVAllocator]:
             alloc = self.make_allocator(allocator)
-            return Scheduler(alloc, self.scheduler_config, detail=detail), alloc
+            return Scheduler(alloc, self.scheduler_config, detail=detail, keep_groups=False), alloc
         return make
 
     def describe(self) -> dict[str, Any]:

@@ -45,10 +45,15 @@ _NOTHING = StepOutcome((), ())
 
 
 class Scheduler:
-    def __init__(self, allocator: KVAllocator, config: SchedulerConfig, *, detail: bool = False):
+    def __init__(self, allocator: KVAllocator, config: SchedulerConfig, *, detail: bool = False,
+                 keep_groups: bool = True):
+        """``keep_groups``: remember every request's group in :attr:`groups` (by request id) for
+        callers that look requests up; an engine that keeps its own list passes False, so a run
+        of 10^6 requests does not hold a second index of them."""
         self.alloc = allocator
         self.config = config
         self.detail = detail
+        self.keep_groups = keep_groups
         self.waiting: deque[Group] = deque()
         self.swapped: deque[Group] = deque()
         self.running: dict[int, Group] = {}  # admission order: the last is preempted first
@@ -104,7 +109,8 @@ class Scheduler:
                 request.prefix_ids, request.prefix_block_tokens, cfg.block_size, request.prompt_tokens
             )
         g = Group(request, final, hashes, num_prefill_target=request.prompt_tokens)
-        self.groups[request.request_id] = g
+        if self.keep_groups:
+            self.groups[request.request_id] = g
         total = request.prompt_tokens + request.output_tokens
         if total > cfg.max_model_len:
             return self._reject(g, f"max_model_len: prompt + output = {total} tokens > {cfg.max_model_len}")
