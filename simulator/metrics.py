@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from simulator.engine import STEP_COLUMNS, SimResult
+from simulator.engine import STEP_COLUMNS, SimResult, TimesTable
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -62,14 +62,21 @@ def request_columns(result: SimResult) -> dict[str, Any]:
     def column(values, dtype) -> np.ndarray:  # type: ignore[no-untyped-def]
         return np.fromiter(values, dtype=dtype, count=n)
 
+    flat = isinstance(times, TimesTable)  # the engine's arrays: read them as they are
+
+    def time_column(name: str) -> np.ndarray:
+        if flat:
+            return np.frombuffer(getattr(times, name), dtype=np.float64)
+        return column((getattr(t, name) for t in times), np.float64)
+
     arrival = column((r.arrival_s for r in reqs), np.float64)
     output = column((r.output_tokens for r in reqs), np.int64)
     done = column((g is not None and g.status is Status.FINISHED for g in groups), bool)
-    admitted = column((t.admitted_s for t in times), np.float64)
+    admitted = time_column("admitted_s")
     front = result.request_overhead_s
     with np.errstate(invalid="ignore", divide="ignore"):
-        ttft = np.where(done, column((t.first_token_s for t in times), np.float64) - arrival + front, nan)
-        e2e = np.where(done, column((t.finished_s for t in times), np.float64) - arrival + front, nan)
+        ttft = np.where(done, time_column("first_token_s") - arrival + front, nan)
+        e2e = np.where(done, time_column("finished_s") - arrival + front, nan)
         tpot = np.where(done & (output > 1), (e2e - ttft) / (output - 1), nan)
     queue = np.where(admitted >= 0, admitted - arrival, nan)
 
@@ -79,7 +86,8 @@ def request_columns(result: SimResult) -> dict[str, Any]:
     # a run stopped early (SimResult.stopped) may leave requests it never sent: "not sent"
     return {
         "request_id": column((r.request_id for r in reqs), np.int64),
-        "replica": column((t.replica for t in times), np.int64),
+        "replica": (np.frombuffer(times.replica, dtype=np.int32).astype(np.int64) if flat
+                    else column((t.replica for t in times), np.int64)),
         "arrival_s": arrival,
         "prompt_tokens": column((r.prompt_tokens for r in reqs), np.int64),
         "output_tokens": output,
