@@ -65,6 +65,16 @@ def _times(result) -> list[tuple]:  # type: ignore[no-untyped-def]
     return [(t.admitted_s, t.first_token_s, t.finished_s, t.replica) for t in result.times]
 
 
+def _assert_same_run(requests, make, latency, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    """``simulate`` with quiet runs and one step at a time: the same times, sends and rows."""
+    fast = simulate(requests, make, latency, macro_steps=True, **kwargs)
+    slow = simulate(requests, make, latency, macro_steps=False, **kwargs)
+    assert _times(fast) == _times(slow)
+    assert [r.arrival_s for r in fast.requests] == [r.arrival_s for r in slow.requests]
+    assert sorted(fast.steps) == sorted(slow.steps)
+    assert [g.status for g in fast.groups] == [g.status for g in slow.groups]
+
+
 def _same_summary(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for key in a:
@@ -139,11 +149,7 @@ def test_random_runs_are_the_same_with_and_without_quiet_runs(requests, blocks, 
         return Scheduler(alloc, cfg), alloc
 
     latency = ConstantLatency(0.004, prefill_token_s=1e-4, decode_seq_s=2e-4)
-    fast = simulate(requests, make, latency, num_replicas=replicas, macro_steps=True)
-    slow = simulate(requests, make, latency, num_replicas=replicas, macro_steps=False)
-    assert _times(fast) == _times(slow)
-    assert sorted(fast.steps) == sorted(slow.steps)
-    assert [g.status for g in fast.groups] == [g.status for g in slow.groups]
+    _assert_same_run(requests, make, latency, num_replicas=replicas)
 
 
 STEP_S = 1 / 256  # binary fractions: sums of step times land exactly on arrival times (ties)
@@ -173,12 +179,7 @@ def test_sends_at_step_boundaries_are_seen_by_the_same_step(requests, block_size
         alloc = PagedAllocator(400 // block_size, block_size)
         return Scheduler(alloc, cfg), alloc
 
-    latency = ConstantLatency(STEP_S)
-    fast = simulate(requests, make, latency, macro_steps=True)
-    slow = simulate(requests, make, latency, macro_steps=False)
-    assert _times(fast) == _times(slow)
-    assert [r.arrival_s for r in fast.requests] == [r.arrival_s for r in slow.requests]
-    assert sorted(fast.steps) == sorted(slow.steps)
+    _assert_same_run(requests, make, ConstantLatency(STEP_S))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -197,11 +198,7 @@ def test_clients_and_replicas_give_the_same_run(requests, replicas, clients):
 
     policy = Clients(max_in_flight=clients[0], think_time_s=clients[1])
     latency = ConstantLatency(0.0041, prefill_token_s=1.3e-4, decode_seq_s=2.1e-4)
-    fast = simulate(requests, make, latency, num_replicas=replicas, clients=policy, macro_steps=True)
-    slow = simulate(requests, make, latency, num_replicas=replicas, clients=policy, macro_steps=False)
-    assert _times(fast) == _times(slow)
-    assert [r.arrival_s for r in fast.requests] == [r.arrival_s for r in slow.requests]
-    assert sorted(fast.steps) == sorted(slow.steps)
+    _assert_same_run(requests, make, latency, num_replicas=replicas, clients=policy)
 
 
 # --------------------------------------------------------------------------- latency models
