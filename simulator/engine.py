@@ -35,8 +35,8 @@ Quiet runs (macro-steps). Most steps are alike: between two events the decode ba
 and every context grows by one token. When a step's plan is decode-only (nothing admitted,
 preempted, swapped or copied), the scheduler says how many steps after it are sure to be the
 same (:meth:`~simulator.scheduler.Scheduler.quiet_run`: up to the next finish, a growth that
-could fail or copy, a beam event; at most :data:`MAX_RUN_STEPS`), and the engine runs them
-without a SimPy event per step:
+could fail or copy, a beam event; at most :data:`MAX_RUN_STEPS`), and when they are at least
+:data:`MIN_RUN_STEPS` the engine runs them without a SimPy event per step:
 
 * The step durations come from the latency model one by one
   (:func:`simulator.latency.quiet_latencies`, exact; a model with state sets ``quiet_runs =
@@ -106,6 +106,7 @@ from workloads.request import Request
 __all__ = ["STEP_COLUMNS", "RequestTimes", "Replica", "SimResult", "StopRule", "simulate", "step_row"]
 
 MAX_RUN_STEPS = 256  # steps timed ahead for one quiet run (a longer stretch takes several runs)
+MIN_RUN_STEPS = 5  # shorter stretches run step by step: a run costs about as much as 3-5 steps
 
 # stop_if(now_s, first_token_indices, finished_indices, sent) -> a reason to stop, or None
 StopRule = Callable[[float, Sequence[int], Sequence[int], Sequence[Request]], "str | None"]
@@ -367,7 +368,7 @@ def simulate(
                     break
         horizon = len(durations)
         k = sched.quiet_run(plan, horizon)
-        if k <= 1:
+        if k < MIN_RUN_STEPS:  # not worth a run this short (its own cost is a few steps)
             return 1, None, None
         del durations[k:]
         return k, durations, list(accumulate(durations, initial=now))  # the clock, add by add
