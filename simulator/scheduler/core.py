@@ -526,8 +526,8 @@ class Scheduler:
           (``free_blocks_for_growth``); boundaries the free blocks cover cannot fail, so they
           are no event: :meth:`advance_quiet` performs them at their step, in order.
 
-        Nothing else can change the batch without an outside event (an arrival, which the
-        caller's ``limit`` stops at): the waiting (or swapped) head could not be admitted in
+        Nothing else can change the batch without an outside event (a request sent here, which
+        the engine cuts the run for): the waiting (or swapped) head could not be admitted in
         ``plan``'s step, and in a quiet run no block is freed, the running set and the token
         budget stay the same and prefix-cache hits only shrink, so it cannot be admitted in the
         run's later steps either.
