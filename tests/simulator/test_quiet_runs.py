@@ -122,6 +122,9 @@ def test_quiet_runs_do_happen_and_bins_keep_the_totals():
             for r in (fast, full)]
     _same_summary(*sums)
     assert sums[0]["num_steps"] == len(full.steps)
+    # the peaks the totals keep are the full rows' peaks (capacity's KV figures rely on them)
+    assert fast.totals().peak_used == full.totals().peak_used == max(r[10] + r[11] + r[12] for r in full.steps)
+    assert fast.totals().peak_token_state == max(r[10] for r in full.steps)
 
 
 # --------------------------------------------------------------------------- random workloads
