@@ -60,8 +60,10 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
     for flag, value in (("--rate", args.rate), ("--num-requests", args.num_requests),
                         ("--step-bin-s", args.step_bin_s)):
-        if value is not None and value <= 0:
+        if value is not None and not value > 0:  # NaN too
             raise KvplanError(f"{flag} must be positive, got {value}")
+    if args.step_bin_s == float("inf"):  # (--rate inf is a burst; a bin must end)
+        raise KvplanError("--step-bin-s must be a finite number of seconds, got inf")
     overrides = scenario_overrides(rate=args.rate, num_requests=args.num_requests, seed=args.seed,
                                    allocators=args.allocator, extra=args.set)
     run_simulate(args.scenario, out=args.out, overrides=overrides, quiet=args.quiet,

@@ -252,10 +252,18 @@ def test_out_of_range_value(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flag,value,shown", [("--rate", "-1", "-1.0"), ("--rate", "0", "0.0"),
-                                              ("--num-requests", "0", "0")])
+                                              ("--rate", "nan", "nan"), ("--num-requests", "0", "0"),
+                                              ("--step-bin-s", "0", "0.0"),
+                                              ("--step-bin-s", "nan", "nan")])
 def test_non_positive_flags(tmp_path, capsys, flag, value, shown):
     path = write(tmp_path, "s.yaml", SMALL)
     check_error(capsys, f"{flag} must be positive, got {shown}", path, flag, value)
+
+
+def test_infinite_step_bins(tmp_path, capsys):
+    path = write(tmp_path, "s.yaml", SMALL)
+    check_error(capsys, "--step-bin-s must be a finite number of seconds, got inf", path,
+                "--step-bin-s", "inf")
 
 
 def test_set_without_value(tmp_path, capsys):
