@@ -551,8 +551,8 @@ def simulate(
     gc.disable()
     try:
         env.run()
-    except _Stopped:
-        pass
+    except _Stopped:  # stop_if asked: ``stopped`` holds its reason, the result is built below
+        assert stopped[0] is not None
     finally:
         if gc_was_enabled:
             gc.enable()
