@@ -119,7 +119,8 @@ class _Stopped(Exception):
 class _Environment(simpy.Environment):
     def timeout_at(self, when_s: float) -> simpy.Event:
         """An event at exactly ``when_s``: a quiet run's end, the clock value the run's steps
-        reach one addition at a time (``now + delay`` could round differently)."""
+        reach one addition at a time (``now + delay`` could round differently). It pushes onto
+        SimPy 4's queue as ``Environment.schedule`` does (pyproject pins simpy < 5)."""
         event = simpy.Event(self)
         event._ok = True
         event._value = None
