@@ -47,12 +47,18 @@ DEFAULT_BIN_S = 1.0
 def step_row(replica: int, plan: StepPlan, start_s: float, duration_s: float, sched: Scheduler,
              alloc: KVAllocator) -> tuple:
     """One row of STEP_COLUMNS, taken after ``sched.complete(plan)`` (the KV state after the step)."""
+    return _row(replica, plan, start_s, duration_s, sched,
+                alloc.snapshot_parts(sched.written_tokens(), sched.head()))
+
+
+def _row(replica: int, plan: StepPlan, start_s: float, duration_s: float, sched: Scheduler,
+         parts: tuple) -> tuple:
     prefills = plan.prefills
     return (
         replica, plan.step_id, start_s, duration_s, len(prefills),
         plan.num_prefill_tokens if prefills else 0, plan.num_decode_seqs, sched.num_running_seqs,
         len(sched.waiting) + len(sched.swapped), len(plan.preempted),
-    ) + alloc.snapshot_parts(sched.written_tokens(), sched.head()) + (1,)
+    ) + parts + (1,)
 
 
 @dataclass(slots=True)
@@ -101,9 +107,9 @@ class StepTotals:
 class StepLog:
     """Records a run's steps in one of the :data:`RECORD_MODES` (or none) and keeps the totals.
 
-    The engine calls :meth:`step` for every step it runs on its own and :meth:`quiet_step` for
-    each step of a run of identical decode steps (:meth:`simulator.scheduler.Scheduler.quiet_run`),
-    whose per-step plan it never builds.
+    The engine calls :meth:`step` for every step it runs on its own and :meth:`quiet_run` for a
+    run of identical decode steps (:meth:`simulator.scheduler.Scheduler.quiet_run`), whose
+    per-step plans it never builds.
     """
 
     def __init__(self, mode: bool | str = "full", *, bin_s: float = DEFAULT_BIN_S) -> None:
@@ -132,20 +138,14 @@ class StepLog:
     def step(self, replica: int, plan: StepPlan, start_s: float, duration_s: float,
              sched: Scheduler, alloc: KVAllocator) -> None:
         """Record a step the engine ran (after ``sched.complete(plan)``)."""
-        prefills = plan.prefills
         parts = alloc.snapshot_parts(sched.written_tokens(), sched.head())
-        self.totals.add(duration_s, len(prefills) + plan.num_decode_seqs, parts)
-        if self.mode == "full":
-            self._rows.append((
-                replica, plan.step_id, start_s, duration_s, len(prefills),
-                plan.num_prefill_tokens if prefills else 0, plan.num_decode_seqs,
-                sched.num_running_seqs, len(sched.waiting) + len(sched.swapped),
-                len(plan.preempted)) + parts + (1,))
-        elif self.mode == "bins":
-            self._bin_add(replica, plan.step_id, start_s, duration_s, len(prefills),
-                          plan.num_prefill_tokens if prefills else 0, plan.num_decode_seqs,
-                          sched.num_running_seqs, len(sched.waiting) + len(sched.swapped),
-                          len(plan.preempted), parts)
+        self.totals.add(duration_s, len(plan.prefills) + plan.num_decode_seqs, parts)
+        if self.mode is not None:
+            row = _row(replica, plan, start_s, duration_s, sched, parts)
+            if self.mode == "full":
+                self._rows.append(row)
+            else:
+                self._bin_add(replica, *row[1:10], parts)
 
     def quiet_run(self, replica: int, step_id: int, start_s: float, durations: list[float],
                   num_decode: int, segments: list[tuple[int, int, int, tuple]]) -> None:
