@@ -2,7 +2,8 @@
 
 * ``points/NNN.png`` per sweep point: throughput, p99 TTFT, p99 TPOT and KV utilization against
   the request rate, from the search's probes that ran to the end (one stopped early, its SLO
-  certainly broken, measured nothing to plot), one curve per allocator (its first seed; other
+  certainly broken, measured nothing to plot: an x on the rate axis marks its rate), one curve
+  per allocator (its first seed; other
   seeds as dots), the SLO bounds as horizontal lines and each allocator's answer as a vertical one,
   a legend under the panels naming each kind of line;
 * ``capacity_vs_block_size.png`` (when ``block_size`` is swept) and ``capacity_per_dollar.png``
@@ -107,7 +108,9 @@ def point_figure(title: str, searches: Mapping[str, Sequence[SearchResult]], slo
         for ax in axes[2:]:
             ax.set_xlabel("request rate (req/s)")
         handles = _point_legend(searches, slo)
-        fig.legend(handles=handles, loc="lower center", ncol=math.ceil(len(handles) / 2), frameon=False,
+        ncol = min(3, math.ceil(len(handles) / 2))  # wider rows leave the figure
+        fig.subplots_adjust(bottom=0.10 + 0.03 * math.ceil(len(handles) / ncol))
+        fig.legend(handles=handles, loc="lower center", ncol=ncol, frameon=False,
                    bbox_to_anchor=(0.5, 0.0))
         fig.suptitle(title)
         return fig
@@ -127,6 +130,9 @@ def _point_legend(searches: Mapping[str, Sequence[SearchResult]], slo: SLOSpec) 
                               label="SLO: " + ", ".join(parts)))
     handles.append(Line2D([], [], color="#555555", linestyle="--", linewidth=0.8,
                           label="capacity: highest rate meeting the SLO (allocator's colour)"))
+    if any(p.stopped_at_s is not None for results in searches.values() for p in results[0].probes):
+        handles.append(Line2D([], [], color="#555555", marker="x", markersize=5, linestyle="none",
+                              label="probe stopped early: its SLO certainly broken"))
     return handles
 
 
@@ -144,6 +150,10 @@ def _probe_curve(ax: Axes, allocator: str, i: int, results: Sequence[SearchResul
                     label=allocator)
         else:
             ax.plot(xs, ys, marker=".", linestyle="none", color=colour, alpha=0.5)
+    stopped = sorted(p.rate_req_s for p in results[0].probes if p.stopped_at_s is not None) if results else []
+    if stopped:  # failed probes with no statistics to draw: mark their rates on the axis
+        ax.plot(stopped, [0.03] * len(stopped), transform=ax.get_xaxis_transform(), marker="x",
+                markersize=5, linestyle="none", color=colour, clip_on=False)
     if results and results[0].lo_rate_req_s > 0 and ax.has_data():
         rate = results[0].lo_rate_req_s
         ax.axvline(rate, color=colour, linewidth=0.8, linestyle="--", alpha=0.7)

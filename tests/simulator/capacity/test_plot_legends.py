@@ -35,6 +35,25 @@ def test_point_legend_names_the_slo_and_the_capacity_lines(by_allocator) -> None
             assert f"{results[0].lo_rate_req_s:.3g}" in written
 
 
+def test_stopped_probes_are_marked_on_the_rate_axis(by_allocator) -> None:
+    """A probe stopped early measured nothing to draw: an x at its rate says it failed there."""
+    import dataclasses
+
+    name, results = next(iter(by_allocator.items()))
+    first = results[0]
+    stopped = dataclasses.replace(first.probes[0], rate_req_s=first.probes[0].rate_req_s * 3,
+                                  ok=False, stopped_at_s=1.0)
+    searches = {name: [dataclasses.replace(first, probes=(*first.probes, stopped))]}
+    fig = plots.point_figure("t", searches, search.SLOSpec(ttft_p99_s=0.3))
+    assert_no_legend_on_data(fig)
+    assert "probe stopped early: its SLO certainly broken" in [t.get_text() for t in fig.legends[0].get_texts()]
+    for ax in fig.axes:
+        marks = [line for line in ax.get_lines() if line.get_marker() == "x"]
+        expected = sorted(p.rate_req_s for p in searches[name][0].probes if p.stopped_at_s is not None)
+        assert len(marks) == 1 and list(marks[0].get_xdata()) == expected
+        assert stopped.rate_req_s in expected
+
+
 def test_point_legend_without_an_slo_bound_on_tpot(by_allocator) -> None:
     fig = plots.point_figure("t", by_allocator, search.SLOSpec(ttft_p99_s=0.3))
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
