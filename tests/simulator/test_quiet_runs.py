@@ -109,10 +109,20 @@ def test_quiet_runs_give_the_same_run(name, overrides):
     _same_summary(*summaries)
 
 
-def test_quiet_runs_do_happen_and_bins_keep_the_totals():
+def test_quiet_runs_do_happen_and_bins_keep_the_totals(monkeypatch):
     """The bundled chat trace: most steps run inside quiet runs, and the per-second bins give the
     summary the full rows give."""
+    runs: list[int] = []
+    advance = Scheduler.advance_quiet
+
+    def counted(self, plan, k, record=None):  # type: ignore[no-untyped-def]
+        runs.append(k)
+        return advance(self, plan, k, record)
+
+    monkeypatch.setattr(Scheduler, "advance_quiet", counted)
     dep, (fast, slow) = _run_both("chat.yaml", {"workload.num_requests": 600}, record="bins")
+    # quiet runs did the most of the work in the run that uses them (and none in the other)
+    assert sum(runs) > fast.totals().num_steps / 2 and min(runs) >= 5
     full = _run_both("chat.yaml", {"workload.num_requests": 600}, record=True)[1][1]
     assert fast.steps == slow.steps or all(
         x[:2] == y[:2] and all(math.isclose(u, v, rel_tol=1e-9, abs_tol=1e-9) for u, v in zip(x, y))
