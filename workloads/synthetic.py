@@ -19,6 +19,7 @@ requests) and work on whole arrays, so 10^6 requests take seconds, most of it bu
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
@@ -370,8 +371,9 @@ def slice_requests(
             if len(kept) >= limit:
                 break
     if not kept:
-        for last in rest:  # to say how long the workload is
-            pass
+        tail = deque(rest, maxlen=1)  # read to the end, to say how long the workload is
+        if tail:
+            last = tail[0]
         span = "0" if last is None else f"{last.arrival_s * time_factor:.6g}"
         raise KvplanError(
             f"no requests in the slice start_s={start:g}, duration_s={duration_s}, "
