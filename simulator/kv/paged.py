@@ -100,6 +100,20 @@ class PagedAllocator(KVAllocator):
     def num_cached_blocks(self) -> int:
         return len(self._cache)
 
+    def num_uncached_free_blocks(self) -> int:
+        """Free blocks that hold no cached content: a new block is taken from them first, so
+        that many single-block appends evict nothing."""
+        return len(self._free)
+
+    def has_unreferenced_hit(self, block_hashes: Sequence[int], num_prompt_tokens: int) -> bool:
+        """Whether a block that :meth:`lookup` would find is free (cached, unreferenced): an
+        eviction may then take it and shorten the hit. Walks the hits until the first such one."""
+        if not block_hashes or not self._evictable:
+            return False
+        max_blocks = (num_prompt_tokens - 1) // self.block_size
+        ref_count = self.ref_count
+        return any(ref_count[b] == 0 for b in self._leading_hits(block_hashes, max_blocks))
+
     def allocated_tokens(self, seq_id: int) -> int:
         return len(self.block_tables[seq_id]) * self.block_size
 
@@ -138,6 +152,25 @@ class PagedAllocator(KVAllocator):
             return 0
         max_blocks = (num_prompt_tokens - 1) // self.block_size
         return len(self._leading_hits(block_hashes, max_blocks)) * self.block_size
+
+    def cache_blocks(self, seq_id: int, block_hashes: Sequence[int], num_tokens: int) -> None:
+        """Register the sequence's blocks that its first ``num_tokens`` tokens fill under
+        ``block_hashes`` (the ids of its blocks from the first on; it extends the hashes the
+        sequence was allocated with), so that they stay findable once it is freed.
+
+        vLLM V1 names every full block of a request, generated tokens included, and keeps the
+        ids on the request "in case it will be preempted" (vllm/v1/core/block_pool.py,
+        ``BlockPool.cache_full_blocks``). The simulator names a sequence's own blocks only when
+        it is preempted (simulator/scheduler/v1.py): ordinary sequences never pay for it.
+        Without prefix caching nothing is cached.
+        """
+        if not self.enable_prefix_caching:
+            return
+        self._seq_hashes[seq_id] = block_hashes
+        done = self._num_hashed.setdefault(seq_id, 0)
+        if done < len(block_hashes):
+            self._hash_due[seq_id] = (done + 1) * self.block_size
+        self._register_hashes(seq_id, num_tokens)
 
     def tokens_until_append(self, seq_id: int, num_written: int) -> int:
         table = self.block_tables[seq_id]
@@ -246,6 +279,10 @@ class PagedAllocator(KVAllocator):
             raise ValueError(f"sequence {seq_id} is already allocated")
         bs = self.block_size
         need = self.blocks_needed(num_tokens)
+        max_hits = min(len(block_hashes), max(num_tokens - 1, 0) // bs) if self.enable_prefix_caching else 0
+        if need - max_hits > self.num_free_blocks():  # too big whatever is cached: no walk over
+            self.last_failure = AllocFailure.NO_SPACE  # the hashes (a head waiting for room)
+            return None
         hits = self._leading_hits(block_hashes, max(num_tokens - 1, 0) // bs)
         evictable_hits = sum(1 for b in hits if self.ref_count[b] == 0)
         if need - len(hits) + evictable_hits > self.num_free_blocks():
@@ -411,10 +448,12 @@ class PagedAllocator(KVAllocator):
         table = self.block_tables.pop(seq_id)
         ref_count = self.ref_count
         bs = self.block_size
-        if not self._cache and (
-            not self._dup_slots or (not self.enable_prefix_caching and seq_id not in self._fork_family)
+        if (seq_id not in self._seq_hashes and seq_id not in self._fork_family) or (
+            not self._cache and not self._dup_slots
         ):
-            # nothing of it is shared or cached: every block goes straight back, in bulk
+            # nothing of it is shared or cached: every block goes straight back, in bulk. Only a
+            # fork or a prefix-cache hit shares a block, and only a sequence given block hashes
+            # (``_seq_hashes``) hits or names its blocks.
             for b in table:
                 ref_count[b] = 0
             self._free.extend(reversed(table))

@@ -91,6 +91,8 @@ class Scheduler:
         self.num_swaps = 0
         self.num_finished = 0
         self.num_rejected = 0
+        # admissions the KV pool refused (full, or no hole fits): KV memory held concurrency back
+        self.num_kv_refusals = 0
         self.prefix_hit_tokens = 0  # first admissions only (see _count_prefix_hits)
         self.prefix_query_tokens = 0
         self.readmission_hit_tokens = 0
@@ -224,6 +226,7 @@ class Scheduler:
             seq = self._new_seq_id()
             got = alloc.allocate(seq, cached + n, g.final_tokens, g.block_hashes)
             if got is None:
+                self.num_kv_refusals += 1
                 if alloc.last_failure is AllocFailure.EXTERNAL_FRAGMENTATION:
                     g.blocked_by_external_fragmentation = True
                 break
