@@ -1,7 +1,35 @@
-"""Continuous batching: queues, admission, preemption -> StepPlan. Knows nothing of time."""
+"""Continuous batching: queues, admission, preemption -> StepPlan. Knows nothing of time.
 
-from simulator.scheduler.config import SchedulerConfig
+Three engines' policies share the StepPlan seam (``schedule()`` -> executor -> ``complete()``)
+and the engine's quiet-run protocol, so the simulator and the real backend run any of them:
+
+* ``vllm-v1`` (:mod:`simulator.scheduler.v1`): vLLM's V1 engine, the default since vLLM 0.8;
+* ``vllm-v0`` (:mod:`simulator.scheduler.core`): the PagedAttention paper's engine (vLLM V0);
+* ``sglang`` (:mod:`simulator.scheduler.sglang`): SGLang's scheduler over a token pool with a
+  radix prefix cache.
+"""
+
+from __future__ import annotations
+
+from simulator.kv.allocator import KVAllocator
+from simulator.scheduler.config import ENGINES, EngineName, SchedulerConfig
 from simulator.scheduler.core import Scheduler
 from simulator.scheduler.state import Group, Status, StepOutcome
 
-__all__ = ["Group", "Scheduler", "SchedulerConfig", "Status", "StepOutcome"]
+
+def make_scheduler(allocator: KVAllocator, config: SchedulerConfig, *, detail: bool = False,
+                   keep_groups: bool = True) -> Scheduler:
+    """The scheduler of ``config.engine`` over ``allocator``."""
+    if config.engine == "vllm-v0":
+        return Scheduler(allocator, config, detail=detail, keep_groups=keep_groups)
+    if config.engine == "vllm-v1":
+        from simulator.scheduler.v1 import V1Scheduler
+        return V1Scheduler(allocator, config, detail=detail, keep_groups=keep_groups)
+    if config.engine == "sglang":
+        from simulator.scheduler.sglang import SGLangScheduler
+        return SGLangScheduler(allocator, config, detail=detail, keep_groups=keep_groups)  # type: ignore[return-value]
+    raise ValueError(f"unknown engine {config.engine!r} (known: {', '.join(ENGINES)})")
+
+
+__all__ = ["ENGINES", "EngineName", "Group", "Scheduler", "SchedulerConfig", "Status", "StepOutcome",
+           "make_scheduler"]

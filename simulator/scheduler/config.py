@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 PreemptionMode = Literal["recompute", "swap"]
+EngineName = Literal["vllm-v1", "vllm-v0", "sglang"]
+ENGINES: tuple[str, ...] = ("vllm-v1", "vllm-v0", "sglang")
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,18 +22,43 @@ class SchedulerConfig:
     swap_space_tokens: int = 0  # CPU swap pool, in KV tokens (0: no swapping)
     beam_replace_prob: float = 0.5  # per beam, at each block boundary: chance it dies and is replaced
     seed: int = 0  # beam search's random choices
+    # which engine's policy decides (simulator/scheduler/__init__.py make_scheduler)
+    engine: EngineName = "vllm-v0"
+    # vLLM V1 only (simulator/scheduler/v1.py), with the names and defaults of vLLM's
+    # SchedulerConfig (vllm/config/scheduler.py)
+    long_prefill_token_threshold: int = 0  # cap of a request's tokens per step, running or admitted (0: none)
+    # V1's scheduler never reads it: above 1 it only sets a threshold left at 0 to 4% of
+    # max_model_len (SchedulerConfig.__post_init__)
+    max_num_partial_prefills: int = 1
+    # admit a request only if its whole sequence (not just its first chunk) fits the free KV now
+    # (KVCacheManager.allocate_slots, full_sequence_must_fit)
+    scheduler_reserve_full_isl: bool = True
+    # SGLang only (simulator/scheduler/sglang.py; python/sglang/srt/server_args.py names them)
+    schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
+    radix_eviction_policy: Literal["lru", "lfu"] = "lru"
+    max_prefill_tokens: int = 16384  # ServerArgs.max_prefill_tokens: prompt tokens per prefill batch
+    schedule_conservativeness: float = 1.0  # ServerArgs: scales the initial new_token_ratio
+    # python/sglang/srt/environ.py: SGLANG_INIT_NEW_TOKEN_RATIO, SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR,
+    # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS, SGLANG_RETRACT_DECODE_STEPS,
+    # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+    init_new_token_ratio: float = 0.7  # share of a running request's future tokens reserved
+    min_new_token_ratio_factor: float = 0.14  # the ratio's floor, as a share of its start
+    new_token_ratio_decay_steps: int = 600  # decode steps from start to floor
+    retract_decode_steps: int = 20  # tokens per request a retraction frees / re-estimates for
+    clip_max_new_tokens: int = 4096  # cap of one request's future tokens in the reserve
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.max_num_batched_tokens < self.max_num_seqs:
+        vllm = self.engine != "sglang"  # SGLang decodes outside the prefill budget (sglang.py)
+        if vllm and self.max_num_batched_tokens < self.max_num_seqs:
             # every running sequence decodes one token per step; the budget must hold them all
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                 f"max_num_seqs ({self.max_num_seqs})"
             )
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+        if vllm and not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) "
                 f"must be >= max_model_len ({self.max_model_len}): a whole prompt prefills in one step"
@@ -40,5 +67,17 @@ class SchedulerConfig:
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
         if self.swap_space_tokens < 0:
             raise ValueError("swap_space_tokens must be >= 0")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0")
+        if self.max_num_partial_prefills < 1:
+            raise ValueError("max_num_partial_prefills must be >= 1")
+        if self.max_num_partial_prefills > 1:  # vllm/config/scheduler.py (verify_max_model_len)
+            if not self.enable_chunked_prefill:
+                raise ValueError("max_num_partial_prefills > 1 needs enable_chunked_prefill")
+            if self.long_prefill_token_threshold > self.max_model_len:
+                raise ValueError(f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) "
+                                 f"cannot be greater than max_model_len ({self.max_model_len})")
         if not 0.0 <= self.beam_replace_prob <= 1.0:
             raise ValueError("beam_replace_prob must be in [0, 1]")
