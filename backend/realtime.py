@@ -30,6 +30,7 @@ from backend.runner import ModelRunner
 from simulator.engine import Replica, RequestTimes, SimResult, step_row
 from simulator.kv.allocator import KVAllocator
 from simulator.kv.paged import PagedAllocator
+from simulator.kv.radix import RadixTokenPool
 from simulator.latency.profile import features
 from simulator.plan import StepPlan
 from simulator.scheduler import Group, Scheduler, Status, StepOutcome
@@ -204,8 +205,9 @@ def _sleep_until(arrival_s: float, t0: float, clock: Callable[[], float],
 def _check_compatible(scheduler: Scheduler, allocator: KVAllocator, runner: ModelRunner) -> None:
     if not scheduler.detail:
         raise ValueError("the real engine needs a detail-mode scheduler (replica_factory(..., detail=True))")
-    if not isinstance(allocator, PagedAllocator):
-        raise ValueError(f"the real engine runs the paged KV allocator, not {type(allocator).__name__}")
+    if not isinstance(allocator, (PagedAllocator, RadixTokenPool)):
+        raise ValueError("the real engine runs a paged KV pool (vLLM's blocks or SGLang's pages), "
+                         f"not {type(allocator).__name__}")
     if allocator.block_size != runner.block_size or allocator.num_blocks > runner.num_blocks:
         raise ValueError(f"the allocator's {allocator.num_blocks} blocks of {allocator.block_size} do "
                          f"not fit the runner's {runner.num_blocks} blocks of {runner.block_size}")

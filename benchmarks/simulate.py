@@ -1,6 +1,7 @@
 """Simulator speed: quiet runs (macro-steps) against one step at a time, measured in the same run.
 
     python benchmarks/simulate.py [--quick] [--synthetic 1000000] [--repeats 2]
+                                  [--engine vllm-v1 --engine sglang ...]
 
 Setups (CPU seconds, the best of ``--repeats``; the two ways alternate so that the machine's
 load hits both alike):
@@ -8,7 +9,8 @@ load hits both alike):
 * Azure 2023 conversation trace (19,366 requests, one hour), Llama-2-7B on one A100-80GB, paged,
   at the trace's own rate (1x) and at half of it (timestamps x 2: more, smaller steps) — the
   engine alone (``simulate()``) with ``macro_steps`` on and off, and the whole command
-  (``kvplan simulate --no-plots``: start-up, trace, simulation, outputs) in a subprocess.
+  (``kvplan simulate --no-plots``: start-up, trace, simulation, outputs) in a subprocess; for
+  each serving engine (``--engine``, repeatable; default all three: vllm-v1, vllm-v0, sglang).
 * ``--synthetic N`` requests (chat-like lognormal lengths, Poisson at 60 req/s, 4 replicas of
   Llama-3.1-8B on H100-80GB, paged): the scale check, the whole command, CPU seconds and peak
   memory (skipped with ``--quick``).
@@ -33,11 +35,13 @@ sys.path.insert(0, str(ROOT))
 from simulator.deployment import build_deployment  # noqa: E402
 from simulator.engine import simulate  # noqa: E402
 from simulator.scenario import load_scenario  # noqa: E402
+from simulator.scheduler.config import ENGINES  # noqa: E402
 from workloads.spec import build_requests  # noqa: E402
 
 AZURE = """\
 name: bench-azure
 seed: 0
+engine: {engine}
 model: llama-2-7b
 gpu: a100-80gb
 allocators: [paged]
@@ -95,14 +99,17 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="skip the synthetic scale run")
     ap.add_argument("--synthetic", type=int, default=1_000_000, help="requests of the scale run")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each way (the best counts)")
+    ap.add_argument("--engine", action="append", choices=ENGINES,
+                    help="serving engine of the Azure runs (repeatable; default: all)")
     args = ap.parse_args()
+    engines = args.engine or list(ENGINES)
     load_before = os.getloadavg()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        for scale in (1.0, 0.5):
-            path = folder / f"azure-{scale}.yaml"
-            path.write_text(AZURE.format(scale=scale))
+        for engine, scale in ((e, x) for e in engines for x in (1.0, 0.5)):
+            path = folder / f"azure-{engine}-{scale}.yaml"
+            path.write_text(AZURE.format(scale=scale, engine=engine))
             best = {True: float("inf"), False: float("inf")}
             times: dict[bool, list[tuple]] = {}
             steps = 0
@@ -111,24 +118,24 @@ def main() -> int:
                     secs, steps, times[macro] = engine_seconds(path, macro)
                     best[macro] = min(best[macro], secs)
             if times[True] != times[False]:
-                raise SystemExit(f"azure {scale}x: quiet runs changed the per-request times")
+                raise SystemExit(f"azure {scale}x, {engine}: quiet runs changed the per-request times")
             cli = min(command_seconds(path, folder / "out")[0] for _ in range(args.repeats))
-            rows.append((f"azure-conv {scale:g}x, engine", steps, best[False], best[True], None))
-            rows.append((f"azure-conv {scale:g}x, kvplan simulate", steps, None, cli, None))
+            rows.append((f"azure-conv {scale:g}x {engine}, engine", steps, best[False], best[True], None))
+            rows.append((f"azure-conv {scale:g}x {engine}, kvplan simulate", steps, None, cli, None))
         if not args.quick:
             path = folder / "synthetic.yaml"
             path.write_text(SYNTHETIC.format(n=args.synthetic))
             secs, peak = command_seconds(path, folder / "out")
-            rows.append((f"synthetic {args.synthetic:,}, 4 replicas, kvplan simulate", None, None,
+            rows.append((f"synthetic {args.synthetic:,}, 4 replicas vllm-v1, kvplan simulate", None, None,
                          secs, peak))
     load_after = os.getloadavg()
-    print(f"{'run':<48} {'steps':>9} {'1 step (s)':>10} {'quiet (s)':>10} {'ratio':>7} {'peak MiB':>9}")
+    print(f"{'run':<56} {'steps':>9} {'1 step (s)':>10} {'quiet (s)':>10} {'ratio':>7} {'peak MiB':>9}")
     for name, steps, single, quiet, peak in rows:
         cells = [f"{steps:>9,}" if steps else " " * 9,
                  f"{single:>10.2f}" if single else " " * 10, f"{quiet:>10.2f}",
                  f"{single / quiet:>6.2f}x" if single else " " * 7,
                  f"{peak:>9.0f}" if peak else ""]
-        print(f"{name:<48} " + " ".join(cells))
+        print(f"{name:<56} " + " ".join(cells))
     print(f"CPU seconds (user + system), best of {args.repeats}; the per-request times are equal both "
           f"ways. Load average {load_before[0]:.2f} before, {load_after[0]:.2f} after, on "
           f"{os.cpu_count()} CPUs.")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from simulator.errors import KvplanError, warn_user
 from simulator.kv.allocator import KVAllocator
@@ -31,8 +31,8 @@ from simulator.latency.constant import ConstantLatency
 from simulator.latency.profile import ProfileLatency, check_profile_matches, read_profile
 from simulator.latency.roofline import RooflineLatency
 from simulator.refusals import check_startup
-from simulator.scenario import Scenario
-from simulator.scheduler import Scheduler, SchedulerConfig
+from simulator.scenario import SGLANG_KNOBS, V1_KNOBS, Scenario
+from simulator.scheduler import Scheduler, SchedulerConfig, make_scheduler
 
 GIB = 1 << 30
 
@@ -55,6 +55,11 @@ class Deployment:
 
     def make_allocator(self, name: str) -> KVAllocator:
         cfg = self.scheduler_config
+        if name == "paged" and cfg.engine == "sglang":
+            from simulator.kv.radix import RadixTokenPool
+            return RadixTokenPool(self.num_blocks, cfg.block_size,
+                                  enable_prefix_caching=cfg.enable_prefix_caching,
+                                  eviction_policy=cfg.radix_eviction_policy)
         if name == "paged":
             return PagedAllocator(self.num_blocks, cfg.block_size,
                                   enable_prefix_caching=cfg.enable_prefix_caching)
@@ -65,13 +70,14 @@ class Deployment:
     def replica_factory(self, allocator: str, *, detail: bool = False) -> Callable[[int], tuple[Scheduler, KVAllocator]]:
         def make(_: int) -> tuple[Scheduler, KVAllocator]:
             alloc = self.make_allocator(allocator)
-            return Scheduler(alloc, self.scheduler_config, detail=detail, keep_groups=False), alloc
+            return make_scheduler(alloc, self.scheduler_config, detail=detail, keep_groups=False), alloc
         return make
 
     def describe(self) -> dict[str, Any]:
         cap = self.capacity
         describe = getattr(self.latency, "describe", None)
         return {
+            "engine": self.scheduler_config.engine,
             "model": self.model.name,
             "gpu": self.gpu.name,
             "tensor_parallel": cap.tp,
@@ -89,6 +95,9 @@ class Deployment:
             "gemm_dtype": cap.weight_format.gemm_dtype,
             "activation_gib_per_rank": cap.activation_bytes / GIB,
             "max_model_len": self.scheduler_config.max_model_len,
+            "max_num_seqs": self.scheduler_config.max_num_seqs,
+            "max_num_batched_tokens": self.scheduler_config.max_num_batched_tokens,
+            "enable_prefix_caching": self.scheduler_config.enable_prefix_caching,
             "max_concurrency_at_max_model_len": self.capacity_tokens / self.scheduler_config.max_model_len,
             "notes": list(cap.notes) + list(self.warnings),
             "warnings": list(self.warnings),
@@ -96,11 +105,83 @@ class Deployment:
         }
 
 
+class EngineKnobs(NamedTuple):
+    """The scheduler knobs a scenario leaves to its engine, resolved for the GPU."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    enable_prefix_caching: bool
+    gpu_memory_utilization: float  # SGLang: its mem_fraction_static
+    engine_knobs: dict[str, Any]  # the engine's own knobs, set only where the scenario sets them
+
+
+def engine_defaults(scenario: Scenario, gpu: GPUSpec, max_model_len: int) -> EngineKnobs:
+    """The scenario's knobs, each unset one at the default its engine would start with on ``gpu``.
+
+    * vllm-v1: ``max_num_seqs`` / ``max_num_batched_tokens`` as ``vllm serve`` sets them
+      (vllm/engine/arg_utils.py ``EngineArgs.get_batch_defaults``, OPENAI_API_SERVER context):
+      1024 / 8192 on a GPU of at least 70 GiB that is not an A100 ("Setting large
+      max_num_batched_tokens for A100 reduces throughput, see PR #17885"), else 256 / 2048;
+      without chunked prefill the budget must hold a whole prompt: max(max_model_len, that)
+      (vllm/config/scheduler.py). Prefix caching on (vllm/engine/arg_utils.py: V1 turns it on
+      for generative models unless --no-enable-prefix-caching). Block size 16
+      (vllm/config/cache.py ``block_size`` default for CUDA).
+    * vllm-v0: 256 sequences (V0's ``SchedulerConfig.max_num_seqs`` default), 8192 batched
+      tokens with chunked prefill (the budget ``vllm serve`` gives H100-class GPUs; else a whole
+      prompt), no prefix caching (off by default in V0), block 16: kvplan's defaults before
+      engines were selectable, kept so that V0 runs are unchanged.
+    * sglang: :func:`simulator.scheduler.sglang.sglang_defaults` (SGLang's server_args):
+      ``chunked_prefill_size`` (kvplan's ``max_num_batched_tokens``) and ``mem_fraction_static``
+      (kvplan's ``gpu_memory_utilization``: :func:`simulator.kv.sizing.kv_capacity`
+      ``static_fraction``) by GPU memory; page size 1; the radix cache on. ``max_num_seqs``
+      (``max_running_requests``) follows from the pool once sized
+      (:func:`simulator.scheduler.sglang.sglang_max_running_requests`): 0 here.
+    """
+    engine = scenario.engine
+    knobs: dict[str, Any] = {}
+    if engine == "sglang":
+        from simulator.scheduler.sglang import sglang_defaults
+        sg = sglang_defaults(gpu.hbm_gib, tensor_parallel=scenario.tensor_parallel)
+        # max_running_requests follows from the pool's size: build_deployment sets it once sized
+        seqs = scenario.max_num_seqs or 0
+        batched = scenario.max_num_batched_tokens or int(sg["chunked_prefill_size"])
+        block = scenario.block_size or 1  # server_args.py: page_size None -> 1
+        caching = True if scenario.enable_prefix_caching is None else scenario.enable_prefix_caching
+        for name in SGLANG_KNOBS:
+            if getattr(scenario, name) is not None:
+                knobs[name] = getattr(scenario, name)
+        fraction = scenario.gpu_memory_utilization or float(sg["mem_fraction_static"])
+        return EngineKnobs(seqs, batched, block, caching, fraction, knobs)
+    block = scenario.block_size or 16
+    fraction = scenario.gpu_memory_utilization or 0.9  # vllm/config/cache.py default
+    if engine == "vllm-v1":
+        big = gpu.hbm_bytes >= 70 * GIB and "a100" not in gpu.name.lower()
+        seqs = scenario.max_num_seqs or (1024 if big else 256)
+        batched = scenario.max_num_batched_tokens or (8192 if big else 2048)
+        if scenario.max_num_batched_tokens is None and not scenario.enable_chunked_prefill:
+            batched = max(max_model_len, batched)
+        caching = True if scenario.enable_prefix_caching is None else scenario.enable_prefix_caching
+        for name in V1_KNOBS:
+            if getattr(scenario, name) is not None:
+                knobs[name] = getattr(scenario, name)
+        return EngineKnobs(seqs, batched, block, caching, fraction, knobs)
+    seqs = scenario.max_num_seqs or 256
+    batched = scenario.max_num_batched_tokens
+    if batched is None:  # V0's defaults: 8192 with chunked prefill, else a whole prompt
+        batched = max(8192, seqs) if scenario.enable_chunked_prefill else max(max_model_len, seqs)
+    return EngineKnobs(seqs, batched, block, bool(scenario.enable_prefix_caching), fraction, knobs)
+
+
 def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool = False,
                      where: str = "scenario") -> Deployment:
     """Resolve names and sizes; any inconsistency, or a deployment vLLM would refuse to start
     (unless ``scenario.allow_refused``), is a one-line KvplanError naming ``where``. Warnings are
-    emitted as KvplanWarning and kept in :attr:`Deployment.warnings`."""
+    emitted as KvplanWarning and kept in :attr:`Deployment.warnings`. One engine: a scenario
+    listing several is built per engine (:meth:`Scenario.for_engine`)."""
+    if not isinstance(scenario.engine, str):
+        raise KvplanError(f"{where}: engine: {', '.join(scenario.engine)}: list several engines "
+                          "only for `simulate`; elsewhere give one (capacity: sweep: {engine: [...]})")
     try:
         model = load_model(_resolve(scenario.model, base_dir) if scenario.model.endswith(".json") else scenario.model)
     except KvplanError as err:
@@ -110,23 +191,22 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
     except KvplanError as err:
         raise KvplanError(f"{where}: gpu: {err}") from None
     max_model_len = scenario.max_model_len or model.max_position_embeddings
-    max_seqs = scenario.max_num_seqs
-    batched = scenario.max_num_batched_tokens
-    if batched is None:  # vLLM's defaults: 8192 with chunked prefill, else a whole prompt
-        batched = max(8192, max_seqs) if scenario.enable_chunked_prefill else max(max_model_len, max_seqs)
+    knobs = engine_defaults(scenario, gpu, max_model_len)
+    max_seqs, batched, block_size = knobs.max_num_seqs, knobs.max_num_batched_tokens, knobs.block_size
+    sglang = scenario.engine == "sglang"
 
     def capacity_at(tp: int, kv_cache_dtype: str) -> KVCapacity:
         return kv_capacity(
             model, gpu, tp=tp, kv_cache_dtype=kv_cache_dtype, quantization=scenario.quantization,
-            block_size=scenario.block_size, gpu_memory_utilization=scenario.gpu_memory_utilization,
-            max_num_batched_tokens=batched, max_num_seqs=max_seqs, max_model_len=max_model_len,
-            knobs=SCENARIO_KEYS)
+            block_size=block_size, gpu_memory_utilization=knobs.gpu_memory_utilization,
+            max_num_batched_tokens=batched, max_num_seqs=max_seqs or 1, max_model_len=max_model_len,
+            knobs=SCENARIO_KEYS, static_fraction=sglang)
 
     try:
         cap = capacity_at(scenario.tensor_parallel, scenario.kv_cache_dtype)
     except KvplanError as err:
         raise KvplanError(f"{where}: {err}") from None
-    startup = check_startup(model, gpu, cap, block_size=scenario.block_size,
+    startup = check_startup(model, gpu, cap, block_size=block_size, engine=scenario.engine,
                             max_model_len=max_model_len,
                             num_gpu_blocks_override=scenario.num_gpu_blocks_override,
                             capacity_at=capacity_at)
@@ -134,18 +214,23 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
     for warning in said:
         warn_user(f"{where}: {warning}")
     num_blocks = scenario.num_gpu_blocks_override or cap.num_blocks
+    if sglang:
+        from simulator.scheduler.sglang import sglang_max_running_requests
+        max_seqs = sglang_max_running_requests(num_blocks * block_size, max_model_len,
+                                               scenario.max_num_seqs)
     swap_tokens = int(scenario.swap_space * GIB // cap.bytes_per_token)
     try:
         sched = SchedulerConfig(
             max_num_seqs=max_seqs, max_num_batched_tokens=batched, max_model_len=max_model_len,
-            block_size=scenario.block_size, enable_chunked_prefill=scenario.enable_chunked_prefill,
-            enable_prefix_caching=scenario.enable_prefix_caching,
+            block_size=block_size, enable_chunked_prefill=scenario.enable_chunked_prefill,
+            enable_prefix_caching=knobs.enable_prefix_caching,
             preemption_mode=scenario.preemption_mode, swap_space_tokens=swap_tokens,
             beam_replace_prob=scenario.beam_replace_prob, seed=scenario.seed,
+            engine=scenario.engine, **knobs.engine_knobs,
         )
     except ValueError as err:
         raise KvplanError(f"{where}: {err}") from None
-    latency = _latency_model(scenario, base_dir, model, gpu, cap, force_profile)
+    latency = _latency_model(scenario, base_dir, model, gpu, cap, block_size, force_profile)
     return Deployment(scenario, model, gpu, cap, num_blocks, sched, latency, said)
 
 
@@ -155,7 +240,7 @@ def _resolve(path: str, base_dir: Path) -> str:
 
 
 def _latency_model(scenario: Scenario, base_dir: Path, model: ModelConfig, gpu: GPUSpec,
-                   cap: KVCapacity, force_profile: bool) -> LatencyModel:
+                   cap: KVCapacity, block_size: int, force_profile: bool) -> LatencyModel:
     spec = scenario.latency
     if spec.model == "constant":
         assert spec.step_s is not None
@@ -166,11 +251,11 @@ def _latency_model(scenario: Scenario, base_dir: Path, model: ModelConfig, gpu: 
         if not force_profile:
             check_profile_matches(profile, model=model.name, tensor_parallel=scenario.tensor_parallel,
                                   kv_cache_dtype=cap.kv_cache_dtype, gpu=gpu.name)
-        return ProfileLatency(profile, block_size=scenario.block_size)
+        return ProfileLatency(profile, block_size=block_size)
     return RooflineLatency(
         model, gpu, tp=scenario.tensor_parallel, kv_cache_dtype=scenario.kv_cache_dtype,
         quantization=cap.weight_format,  # the one sizing resolved: same bytes, same GEMM dtype
-        block_size=scenario.block_size, mem_efficiency=spec.mem_efficiency,
+        block_size=block_size, mem_efficiency=spec.mem_efficiency,
         flops_efficiency=spec.flops_efficiency, fp8_flops_efficiency=spec.fp8_flops_efficiency,
         moe_flops_efficiency=spec.moe_flops_efficiency,
         step_overhead_s=spec.step_overhead_s, prefill_overhead_s=spec.prefill_overhead_s,

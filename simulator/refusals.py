@@ -98,7 +98,7 @@ class StartupCheck:
 
 def check_startup(model: ModelConfig, gpu: GPUSpec, cap: KVCapacity, *, block_size: int,
                   max_model_len: int, num_gpu_blocks_override: int | None,
-                  capacity_at: CapacityAt) -> StartupCheck:
+                  capacity_at: CapacityAt, engine: str = "vllm-v1") -> StartupCheck:
     """Every check of the module docstring for ``model`` on ``gpu`` with the KV budget ``cap``.
 
     ``max_model_len`` is the one the deployment runs with; ``capacity_at(tp, kv_cache_dtype)``
@@ -107,10 +107,11 @@ def check_startup(model: ModelConfig, gpu: GPUSpec, cap: KVCapacity, *, block_si
     """
     refusals: list[Refusal] = []
     warnings: list[str] = []
-    block = check_block_size(block_size)
+    # vLLM's block-size choices; SGLang's page_size is any size (python/sglang/srt/server_args.py)
+    block = check_block_size(block_size) if engine != "sglang" else None
     if block is not None:
         refusals.append(block)
-    elif block_size % FLASH_ATTENTION_BLOCK_MULTIPLE:
+    elif engine != "sglang" and block_size % FLASH_ATTENTION_BLOCK_MULTIPLE:
         warnings.append(
             f"block_size {block_size}: vLLM accepts it, but its FlashAttention backend, the default"
             f" on NVIDIA GPUs, takes only multiples of {FLASH_ATTENTION_BLOCK_MULTIPLE} ('Block size"

@@ -94,15 +94,22 @@ def summary_table(summary: dict[str, dict[str, Any]], title: str) -> Table:
 
 
 def print_summary(console: Console, summary: dict[str, dict[str, Any]], deployment: dict[str, Any],
-                  title: str, out_dir: Path) -> None:
+                  title: str, out_dir: Path, *, engines: list[dict[str, Any]] | None = None) -> None:
+    """The run's headline table; ``engines``: each engine's deployment when several ran."""
     d = deployment
     console.print(
         f"[bold]{title}[/bold]: {d['model']} on {d['gpu']} × TP {d['tensor_parallel']}"
-        f" × {d['num_replicas']} replica(s), KV {d['kv_cache_dtype']}, block {d['block_size']}:"
-        f" {d['kv_capacity_tokens']:,} KV tokens per replica ({d['kv_pool_gib']:.1f} GiB),"
-        f" max_model_len {d['max_model_len']:,}"
+        f" × {d['num_replicas']} replica(s), KV {d['kv_cache_dtype']}, max_model_len"
+        f" {d['max_model_len']:,}"
     )
-    console.print(summary_table(summary, "per allocator (KV shares are time-averaged over busy time)"))
+    for e in engines or [d]:
+        console.print(
+            f"  {e['engine']}: block {e['block_size']}, {e['kv_capacity_tokens']:,} KV tokens per"
+            f" replica ({e['kv_pool_gib']:.1f} GiB), max_num_seqs {e['max_num_seqs']:,},"
+            f" max_num_batched_tokens {e['max_num_batched_tokens']:,}, prefix caching"
+            f" {'on' if e['enable_prefix_caching'] else 'off'}")
+    what = "per engine/allocator" if engines else "per allocator"
+    console.print(summary_table(summary, f"{what} (KV shares are time-averaged over busy time)"))
     rejected = {a: s["rejected_by_reason"] for a, s in summary.items() if s["rejected"]}
     for alloc, reasons in rejected.items():
         console.print(f"rejected at arrival ({alloc}): "

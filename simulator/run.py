@@ -121,13 +121,16 @@ def client_policy(scenario: Scenario, num_requests: int) -> Clients:
 
 def run_allocator(dep: Deployment, allocator: str, requests: list[Request], *,
                   clients: Clients = OPEN_LOOP, progress: Progress | None = None,
-                  record_steps: bool | str = True, step_bin_s: float = DEFAULT_BIN_S) -> AllocatorRun:
+                  record_steps: bool | str = True, step_bin_s: float = DEFAULT_BIN_S,
+                  name: str | None = None) -> AllocatorRun:
     """Simulate ``requests`` sent by ``clients`` on ``dep`` with one allocator: the request and
     step frames and the summary (see :func:`simulator.engine.simulate`; ``record_steps`` and
-    ``step_bin_s`` choose the step rows, :mod:`simulator.steps`)."""
+    ``step_bin_s`` choose the step rows, :mod:`simulator.steps`). ``name`` labels the run
+    (default: the allocator's name)."""
+    name = name or allocator
     task = None
     if progress is not None:
-        task = progress.add_task(allocator, total=len(requests))
+        task = progress.add_task(name, total=len(requests))
 
     def advance(count: int) -> None:
         if progress is not None and task is not None:
@@ -140,7 +143,7 @@ def run_allocator(dep: Deployment, allocator: str, requests: list[Request], *,
     columns = metrics.request_columns(result)
     summary = metrics.summarize(result, columns, None, dep.capacity_tokens)
     summary.update(saturation(result, columns).as_dict())
-    return AllocatorRun(allocator, result, columns, summary)
+    return AllocatorRun(name, result, columns, summary)
 
 
 def make_progress(quiet: bool) -> Progress | None:
@@ -155,10 +158,16 @@ def run_simulate(path: str, *, out: str | None, overrides: dict[str, object], qu
                  plots: bool = True, force_profile: bool = False, steps: str = "bins",
                  step_bin_s: float = DEFAULT_BIN_S) -> tuple[Path, dict[str, Any]]:
     scenario, base_dir = load_scenario(path, overrides)
-    dep = build_deployment(scenario, base_dir, force_profile=force_profile, where=path)
+    deps = {e: build_deployment(scenario.for_engine(e), base_dir, force_profile=force_profile,
+                                where=path) for e in scenario.engines}
+    dep = next(iter(deps.values()))
     fit = load_workload(scenario, base_dir, dep.scheduler_config.max_model_len)
     requests = fit.requests
     clients = client_policy(scenario, len(requests))
+    # one engine: a run per allocator, named by it; several: engine/allocator
+    several = len(deps) > 1
+    setups = [(f"{e}/{a}" if several else a, d, a) for e, d in deps.items()
+              for a in scenario.allocators_of(e)]
     out_dir = Path(out) if out else default_out_dir(scenario.name, where=path)
     # Locked from here: a second run into out_dir is refused before it simulates anything, and
     # the results replace the folder only once all of them are written (simulator/outputs.py).
@@ -167,33 +176,38 @@ def run_simulate(path: str, *, out: str | None, overrides: dict[str, object], qu
         runs: list[AllocatorRun] = []
         if progress is not None:
             with progress:
-                runs = [run_allocator(dep, a, requests, clients=clients, progress=progress,
-                                      record_steps=steps, step_bin_s=step_bin_s)
-                        for a in scenario.allocators]
+                runs = [run_allocator(d, a, requests, clients=clients, progress=progress,
+                                      record_steps=steps, step_bin_s=step_bin_s, name=name)
+                        for name, d, a in setups]
         else:
-            runs = [run_allocator(dep, a, requests, clients=clients, record_steps=steps,
-                                  step_bin_s=step_bin_s) for a in scenario.allocators]
+            runs = [run_allocator(d, a, requests, clients=clients, record_steps=steps,
+                                  step_bin_s=step_bin_s, name=name) for name, d, a in setups]
         for r in runs:
             r.summary["max_model_len_policy"] = fit.as_dict()
         summary = {r.name: r.summary for r in runs}
-        write_outputs(folder.staging, scenario, dep, runs, plots=plots)
+        write_outputs(folder.staging, scenario, dep, runs, plots=plots, deployments=deps)
     if not quiet:
         console = Console() if sys.stdout.isatty() else Console(width=120)  # pipes: no 80-col wrap
-        report.print_summary(console, summary, dep.describe(), scenario.name, out_dir)
+        report.print_summary(console, summary, dep.describe(), scenario.name, out_dir,
+                             engines=[d.describe() for d in deps.values()] if several else None)
     return out_dir, summary
 
 
 def write_outputs(out_dir: Path, scenario: Scenario, dep: Deployment, runs: list[AllocatorRun],
-                  *, plots: bool) -> None:
+                  *, plots: bool, deployments: dict[str, Deployment] | None = None) -> None:
     """Write summary.json, run.json, requests.csv, steps.csv and the plots into ``out_dir``
-    (a staging folder of :func:`simulator.outputs.open_output`: nobody else writes there)."""
+    (a staging folder of :func:`simulator.outputs.open_output`: nobody else writes there).
+    With several engines, run.json also has each engine's deployment under ``deployments``."""
     summary = {r.name: r.summary for r in runs}
     report.write_json(out_dir / "summary.json", summary)
-    report.write_json(out_dir / "run.json", {
+    meta: dict[str, Any] = {
         "scenario": scenario.model_dump(mode="json"),
         "deployment": dep.describe(),
         "num_requests": len(runs[0].result.requests) if runs else 0,
-    })
+    }
+    if deployments is not None and len(deployments) > 1:
+        meta["deployments"] = {e: d.describe() for e, d in deployments.items()}
+    report.write_json(out_dir / "run.json", meta)
     report.write_rows_csv(out_dir / "requests.csv", ("allocator", *metrics.REQUEST_COLUMNS), (
         (r.name, *row) for r in runs
         for row in zip(*(r.request_columns[c] for c in metrics.REQUEST_COLUMNS))))

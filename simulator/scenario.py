@@ -7,17 +7,18 @@
     gpu: h100-80gb
     tensor_parallel: 1
     allocators: [paged, contiguous-max, contiguous-pow2, contiguous-oracle]
-    # vLLM's engine knobs, under vLLM's names
-    gpu_memory_utilization: 0.9
-    block_size: 16
+    engine: vllm-v1                # vllm-v1 (default), vllm-v0 (the paper's), or sglang
+    # the engine's knobs, under vLLM's names (SGLang's own knobs under SGLang's names)
+    gpu_memory_utilization: 0.9    # default: 0.9 (vLLM); SGLang: its mem_fraction_static by GPU
+    block_size: 16                 # default: 16 (vLLM), 1 (SGLang's page size)
     max_model_len: 8192
     max_model_len_policy: reject   # or truncate: cut the output at the window
     kv_cache_dtype: auto
     quantization: auto             # vLLM's --quantization: auto (the checkpoint's), none, fp8, awq...
-    max_num_seqs: 256
+    max_num_seqs: 256              # default: the engine's for the GPU (vLLM V1: 1024 on H100)
     max_num_batched_tokens: 8192
     enable_chunked_prefill: true
-    enable_prefix_caching: false
+    enable_prefix_caching: false   # default: true for vllm-v1 and sglang, false for vllm-v0
     swap_space: 4                  # GiB of CPU memory per GPU for swapped-out KV
     preemption_mode: recompute
     latency: {model: roofline}     # or {model: profile, profile: profiles/h100-llama-3.1-8b.yaml}
@@ -40,9 +41,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from simulator.errors import KvplanError, did_you_mean
 from simulator.kv.quantization import canonical_quantization
+from simulator.scheduler.config import ENGINES, EngineName
 from simulator.yamlfile import read_yaml
 from workloads.spec import WorkloadSpec, format_validation_error, no_bool_for_number
 
+V1_KNOBS = ("long_prefill_token_threshold", "max_num_partial_prefills", "scheduler_reserve_full_isl")
+SGLANG_KNOBS = ("schedule_policy", "radix_eviction_policy", "max_prefill_tokens",
+                "schedule_conservativeness")
 ALLOCATORS: tuple[str, ...] = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
 ALLOCATOR_ALIASES = {"max": "contiguous-max", "pow2": "contiguous-pow2", "oracle": "contiguous-oracle"}
 
@@ -105,8 +110,14 @@ class Scenario(_Spec):
     tensor_parallel: Annotated[int, Field(ge=1, le=64)] = 1
     num_replicas: Annotated[int, Field(ge=1, le=4096)] = 1
     allocators: tuple[str, ...] = ("paged",)
-    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
-    block_size: Annotated[int, Field(ge=1, le=4096)] = 16
+    # the serving engine whose scheduling and KV policy decide (simulator/scheduler/__init__.py);
+    # `simulate` also takes a list, and runs every engine on the same requests side by side
+    engine: EngineName | tuple[EngineName, ...] = "vllm-v1"
+    # share of HBM for the engine (vLLM); SGLang's mem_fraction_static. None = the engine's
+    # default: 0.9 (vLLM), SGLang's by GPU memory
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | None = None
+    # KV block (vLLM) or page (SGLang) size in tokens; None = the engine's default (16 / 1)
+    block_size: Annotated[int, Field(ge=1, le=4096)] | None = None
     max_model_len: Annotated[int, Field(ge=2, le=10_000_000)] | None = None
     # a request longer than the window: refused at arrival as a vLLM server does (reject), or cut
     # to fit (truncate); see workloads.synthetic.fit_to_max_model_len
@@ -114,10 +125,20 @@ class Scenario(_Spec):
     kv_cache_dtype: str = "auto"
     # vLLM's --quantization names (simulator/kv/quantization.py); auto = the checkpoint's
     quantization: str = "auto"
-    max_num_seqs: Annotated[int, Field(ge=1, le=65536)] = 256
+    # None = the engine's default for the GPU (simulator/deployment.py engine_defaults)
+    max_num_seqs: Annotated[int, Field(ge=1, le=65536)] | None = None
     max_num_batched_tokens: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
     enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool | None = None
+    # vLLM V1 only (vllm/config/scheduler.py); None = vLLM's default
+    long_prefill_token_threshold: Annotated[int, Field(ge=0, le=10_000_000)] | None = None
+    max_num_partial_prefills: Annotated[int, Field(ge=1, le=65536)] | None = None
+    scheduler_reserve_full_isl: bool | None = None
+    # SGLang only (python/sglang/srt/server_args.py); None = SGLang's default
+    schedule_policy: Literal["fcfs", "lpm"] | None = None
+    radix_eviction_policy: Literal["lru", "lfu"] | None = None
+    max_prefill_tokens: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    schedule_conservativeness: Annotated[float, Field(gt=0, le=100)] | None = None
     swap_space: Annotated[float, Field(ge=0, le=4096)] = 4.0
     preemption_mode: Literal["recompute", "swap"] = "recompute"
     num_gpu_blocks_override: Annotated[int, Field(ge=1)] | None = None
@@ -130,6 +151,55 @@ class Scenario(_Spec):
     # simulate a deployment vLLM would refuse to start (simulator/refusals.py): the refusal
     # becomes a warning and a note in run.json instead of an error
     allow_refused: bool = False
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine_list(cls, value: object) -> object:
+        names = list(value) if isinstance(value, (list, tuple)) else [value]
+        if not names:
+            raise ValueError("list at least one engine")
+        for name in names:
+            if name not in ENGINES:
+                hint = did_you_mean(str(name), ENGINES) or f" (known: {', '.join(ENGINES)})"
+                raise ValueError(f"unknown engine {name!r}{hint}")
+        if len(set(names)) != len(names):
+            raise ValueError("an engine is listed twice")
+        return names[0] if len(names) == 1 else tuple(names)
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        """The engines to run: one, or several side by side (``simulate`` only)."""
+        return (self.engine,) if isinstance(self.engine, str) else self.engine
+
+    def allocators_of(self, engine: str) -> tuple[str, ...]:
+        """The allocators ``engine`` runs: SGLang only its own token pool (``paged``)."""
+        return ("paged",) if engine == "sglang" else self.allocators
+
+    def for_engine(self, engine: str) -> Scenario:
+        """This scenario with ``engine`` alone (and the allocators it runs)."""
+        return self.model_copy(update={"engine": engine, "allocators": self.allocators_of(engine)})
+
+    @model_validator(mode="after")
+    def _engine_knobs(self) -> Scenario:
+        """A knob of an engine not listed, or a policy the engine does not have, is an error."""
+        engines = self.engines
+        owner = {name: "vllm-v1" for name in V1_KNOBS} | {name: "sglang" for name in SGLANG_KNOBS}
+        for name, engine in owner.items():
+            if getattr(self, name) is not None and engine not in engines:
+                raise ValueError(f"{name} is a knob of engine {engine}; this scenario's engine "
+                                 f"is {', '.join(engines)}")
+        others = [e for e in engines if e != "vllm-v0"]
+        if others and self.preemption_mode == "swap":
+            # vllm/v1/core/sched/scheduler.py (_preempt_request): V1 frees and recomputes;
+            # SGLang retracts (python/sglang/srt/managers/schedule_batch.py retract_decode)
+            raise ValueError(f"preemption_mode swap: engine {others[0]} preempts by "
+                             "recompute only (swap is engine vllm-v0's)")
+        if "sglang" in engines and "paged" not in self.allocators:
+            raise ValueError("engine sglang runs its own token pool, allocator paged: list it")
+        if engines == ("sglang",) and self.allocators != ("paged",):
+            raise ValueError("engine sglang manages its own token pool: allocators must be "
+                             "[paged] (compare contiguous reservation under engine vllm-v0)")
+        return self
 
     @field_validator("quantization")
     @classmethod

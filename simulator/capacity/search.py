@@ -114,11 +114,10 @@ from simulator.capacity.stop import SloStopRule
 from simulator.deployment import Deployment, build_deployment
 from simulator.engine import SimResult, simulate
 from simulator.errors import KvplanError
-from simulator.kv.allocator import Allocation, KVAllocator
 from simulator.latency import LatencyModel, quiet_latencies
 from simulator.plan import StepPlan
 from simulator.scenario import SLOSpec, parse_scenario
-from simulator.scheduler import Scheduler, Status
+from simulator.scheduler import Status
 from workloads.clients import OPEN_LOOP, Clients
 from workloads.request import Request
 from workloads.spec import WorkloadSpec, build_requests, resolve_trace_path, shape_trace
@@ -406,28 +405,6 @@ class _PeakBatch:
         return float(getattr(self.inner, "request_overhead_s", 0.0))
 
 
-def _counting_refusals(make_replica: Callable[[int], tuple[Scheduler, KVAllocator]],
-                       refusals: list[int]) -> Callable[[int], tuple[Scheduler, KVAllocator]]:
-    """``make_replica`` whose allocators count the admissions they refuse (``allocate`` -> None):
-    the sign that KV memory, not max_num_seqs or step time, held concurrency back. Only
-    ``allocate`` is wrapped (on the instance), so the per-token hot path is untouched."""
-
-    def make(index: int) -> tuple[Scheduler, KVAllocator]:
-        scheduler, alloc = make_replica(index)
-        allocate = alloc.allocate
-
-        def counted(*args: Any, **kwargs: Any) -> Allocation | None:
-            got = allocate(*args, **kwargs)
-            if got is None:
-                refusals[0] += 1
-            return got
-
-        alloc.allocate = counted  # type: ignore[method-assign]
-        return scheduler, alloc
-
-    return make
-
-
 def simulate_probe(dep: Deployment, allocator: str, rate_req_s: float | None, seed: int, slo: SLOSpec,
                    requests: list[Request], *, record_steps: bool, clients: Clients = OPEN_LOOP,
                    stop_early: bool = False, macro_steps: bool = True) -> Probe:
@@ -437,19 +414,21 @@ def simulate_probe(dep: Deployment, allocator: str, rate_req_s: float | None, se
     ``stop_early``: stop once a latency bound is certainly broken (module docstring; a rate
     probe only). ``macro_steps`` False: the engine runs every step on its own (the same results,
     slower: the baseline ``benchmarks/capacity.py`` compares with)."""
-    peak, refusals = _PeakBatch(dep.latency), [0]
+    peak = _PeakBatch(dep.latency)
     rule = None
     if stop_early:
         assert rate_req_s is not None, "a closed loop's probes are not stopped early"
         rule = SloStopRule(slo, requests, warmup_requests=clients.warmup_requests,
                            request_overhead_s=peak.request_overhead_s)
     # no step rows: the KV figures come from the run's exact totals (simulator.steps.StepTotals)
-    result = simulate(requests, _counting_refusals(dep.replica_factory(allocator), refusals), peak,
+    result = simulate(requests, dep.replica_factory(allocator), peak,
                       num_replicas=dep.scenario.num_replicas, clients=clients, record_steps=False,
                       macro_steps=macro_steps, stop_if=rule if rule is not None and rule.active else None)
+    # admissions the KV pool refused, each engine's own count (simulator/scheduler/)
+    refusals = sum(rep.scheduler.num_kv_refusals for rep in result.replicas)
     if result.stopped is not None:
         assert rate_req_s is not None
-        return _stopped_probe(result, rate_req_s, seed, peak.max_batch_size, refusals[0])
+        return _stopped_probe(result, rate_req_s, seed, peak.max_batch_size, refusals)
     frame = metrics.requests_frame(result)
     s = metrics.summarize(result, frame, None, dep.capacity_tokens)
     measured = metrics.measured_requests(result, frame)
@@ -484,7 +463,7 @@ def simulate_probe(dep: Deployment, allocator: str, rate_req_s: float | None, se
         served_tok_s=served,
         ttft_p99_s=p99["ttft_s"], tpot_p99_s=p99["tpot_s"], e2e_p99_s=p99["e2e_s"],
         queue_delay_p99_s=p99["queue_delay_s"], queue_growth=growth,
-        max_batch_size=peak.max_batch_size, num_kv_refusals=refusals[0], num_preemptions=s["num_preemptions"],
+        max_batch_size=peak.max_batch_size, num_kv_refusals=refusals, num_preemptions=s["num_preemptions"],
         concurrency=clients.max_in_flight if closed_loop else None, **kv,
     )
 

@@ -14,6 +14,9 @@ A knob is any scenario key, dotted for nested ones (``latency.mem_efficiency``,
 ``workload.num_requests``), except the rate (that is what the search varies) and the seed (see
 ``--seeds``). A point whose scenario is invalid or whose deployment is impossible (the weights
 do not fit) becomes a failed point carrying its message; it does not stop the sweep.
+
+``engine`` is a knob like the others (``sweep: {engine: [vllm-v1, vllm-v0, sglang]}``); an SGLang
+point runs SGLang's own token pool (allocator ``paged``) whatever the allocators listed.
 """
 
 from __future__ import annotations
@@ -160,6 +163,10 @@ def resolve_points(file: CapacityFile) -> list[SweepPoint]:
         try:
             for key, value in knobs.items():
                 set_dotted(data, key, value)
+            if "engine" in knobs and data.get("engine") == "sglang" and "allocators" not in knobs:
+                # a sweep over engines: SGLang's point runs its own token pool, the others
+                # every listed allocator (Scenario.allocators_of)
+                data["allocators"] = ["paged"]
             scenario = parse_scenario(copy.deepcopy(data), where)
             dep = build_deployment(scenario, file.base_dir)
         except KvplanError as err:

@@ -226,7 +226,7 @@ def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype
                 block_size: int = 16, gpu_memory_utilization: float = 0.9,
                 max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
                 max_model_len: int | None = None, quantization: str = "auto",
-                knobs: KnobNames = CLI_FLAGS) -> KVCapacity:
+                knobs: KnobNames = CLI_FLAGS, static_fraction: bool = False) -> KVCapacity:
     """KV blocks that fit on each rank of ``gpu`` serving ``model`` (module docstring formula).
 
     ``max_model_len`` defaults to the model's ``max_position_embeddings``; ``quantization`` is
@@ -235,6 +235,12 @@ def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype
     one block, or for a quantization the model or GPU cannot take; its advice names the knobs
     as ``knobs`` spells them (``kvplan size``'s flags by default, a scenario's keys with
     :data:`SCENARIO_KEYS`).
+
+    ``static_fraction``: SGLang's budget instead of vLLM's. ``gpu_memory_utilization`` is then
+    SGLang's ``mem_fraction_static``, the share of HBM for weights and the KV pool; activations
+    and CUDA graphs live in the rest, so none are subtracted: KV = available after loading the
+    weights − HBM × (1 − mem_fraction_static)
+    (python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py ``profile_max_num_token``).
     """
     for flag, value in (("block size", block_size), ("max num batched tokens",
                         max_num_batched_tokens), ("max num seqs", max_num_seqs)):
@@ -252,8 +258,8 @@ def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype
         raise KvplanError(f"{model.name} weights ({weights / GIB:.1f} GiB per rank) do not fit in"
                           f" {gpu_memory_utilization:.2f} × {gpu.hbm_gib:g} GiB of {gpu.name};"
                           f" raise {knobs.tp}")
-    activations = activation_bytes(model, tp=tp, max_num_batched_tokens=max_num_batched_tokens,
-                                   max_num_seqs=max_num_seqs)
+    activations = 0 if static_fraction else activation_bytes(
+        model, tp=tp, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
     available = budget - weights - activations - NON_TORCH_OVERHEAD_BYTES
     block_bytes = block_size * layout.bytes_per_token
     if available < block_bytes:

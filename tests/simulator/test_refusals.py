@@ -24,8 +24,10 @@ from simulator.scenario import parse_scenario
 WORKLOAD: dict[str, Any] = {"rate": "inf", "num_requests": 4,
                             "prompt_tokens": {"dist": "fixed", "value": 32},
                             "output_tokens": {"dist": "fixed", "value": 4}}
-# Llama-3.1-70B at TP 2 on an H100 with the model's own window (131,072): 32,016 KV tokens.
+# Llama-3.1-70B at TP 2 on an H100 with the model's own window (131,072): 32,016 KV tokens with
+# 256 sequences and 8192 batched tokens (`kvplan size`'s defaults; the activation peak they set).
 REFUSED: dict[str, Any] = {"model": "llama-3.1-70b", "gpu": "h100", "tensor_parallel": 2,
+                           "max_num_seqs": 256, "max_num_batched_tokens": 8192,
                            "latency": {"model": "constant", "step_s": 0.01}, "workload": WORKLOAD}
 
 

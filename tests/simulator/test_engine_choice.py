@@ -1,0 +1,119 @@
+"""`engine:` in scenarios: which engine runs, with which defaults, and what each refuses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from simulator.cli import main
+from simulator.deployment import build_deployment, engine_defaults
+from simulator.errors import KvplanError
+from simulator.kv.gpus import get_gpu
+from simulator.scenario import load_scenario, parse_scenario
+from simulator.scheduler import Scheduler
+
+BASE = {
+    "model": "llama-3.1-8b",
+    "gpu": "h100",
+    "max_model_len": 4096,
+    "latency": {"model": "constant", "step_s": 0.01},
+    "workload": {"arrival": {"process": "poisson", "rate": 50.0}, "num_requests": 40, "prompt_tokens": {"dist": "fixed", "value": 300},
+                 "output_tokens": {"dist": "fixed", "value": 20}},
+}
+
+
+def scenario(**over):  # type: ignore[no-untyped-def]
+    return parse_scenario({**BASE, **over}, "s.yaml")
+
+
+def error(**over) -> str:  # type: ignore[no-untyped-def]
+    with pytest.raises(KvplanError) as err:
+        scenario(**over)
+    return str(err.value)
+
+
+def test_the_default_engine_is_vllm_v1_and_v0_is_the_paper_s_scheduler() -> None:
+    assert scenario().engine == "vllm-v1"
+    dep = build_deployment(scenario(engine="vllm-v0"), Path("."))
+    sched, _ = dep.replica_factory("paged")(0)
+    assert type(sched) is Scheduler  # vllm-v0: the PagedAttention paper's policy, unchanged
+    assert dep.scheduler_config.engine == "vllm-v0"
+
+
+def test_v1_defaults_follow_vllm_serve_by_gpu() -> None:
+    # vllm/engine/arg_utils.py get_batch_defaults, OPENAI_API_SERVER: >= 70 GiB and not A100
+    # -> 1024 seqs / 8192 tokens, else 256 / 2048; prefix caching on in V1
+    h100 = engine_defaults(scenario(), get_gpu("h100"), 4096)
+    assert (h100.max_num_seqs, h100.max_num_batched_tokens, h100.enable_prefix_caching) == (1024, 8192, True)
+    a100 = engine_defaults(scenario(gpu="a100-80gb"), get_gpu("a100-80gb"), 4096)
+    assert (a100.max_num_seqs, a100.max_num_batched_tokens) == (256, 2048)
+    l4 = engine_defaults(scenario(gpu="l4"), get_gpu("l4"), 4096)
+    assert (l4.max_num_seqs, l4.max_num_batched_tokens) == (256, 2048)
+    given = engine_defaults(scenario(max_num_seqs=64, enable_prefix_caching=False), get_gpu("h100"), 4096)
+    assert (given.max_num_seqs, given.max_num_batched_tokens, given.enable_prefix_caching) == (64, 8192, False)
+    # without chunked prefill the budget holds a whole prompt
+    whole = engine_defaults(scenario(enable_chunked_prefill=False), get_gpu("a100-80gb"), 32768)
+    assert whole.max_num_batched_tokens == 32768
+
+
+def test_v0_defaults_are_unchanged() -> None:
+    v0 = engine_defaults(scenario(engine="vllm-v0"), get_gpu("h100"), 4096)
+    assert (v0.max_num_seqs, v0.max_num_batched_tokens, v0.block_size, v0.enable_prefix_caching) == (
+        256, 8192, 16, False)
+
+
+def test_a_knob_of_another_engine_is_an_error() -> None:
+    assert "schedule_policy is a knob of engine sglang; this scenario's engine is vllm-v1" in error(
+        schedule_policy="lpm")
+    assert "long_prefill_token_threshold is a knob of engine vllm-v1" in error(
+        engine="vllm-v0", long_prefill_token_threshold=512)
+    assert "preempts by recompute only" in error(preemption_mode="swap")
+    assert "allocators must be [paged]" in error(engine="sglang", allocators=["paged", "max"])
+    assert "list it" in error(engine=["vllm-v1", "sglang"], allocators=["max"])
+    assert "engine" in error(engine="vllm-v2") and "'vllm-v1'" in error(engine="vllm-v2")
+    assert "listed twice" in error(engine=["vllm-v1", "vllm-v1"])
+
+
+def test_engine_specific_knobs_reach_the_scheduler() -> None:
+    dep = build_deployment(scenario(long_prefill_token_threshold=256, max_num_partial_prefills=2,
+                                    scheduler_reserve_full_isl=False), Path("."))
+    cfg = dep.scheduler_config
+    assert (cfg.long_prefill_token_threshold, cfg.max_num_partial_prefills,
+            cfg.scheduler_reserve_full_isl) == (256, 2, False)
+
+
+def test_several_engines_build_only_for_simulate() -> None:
+    s = scenario(engine=["vllm-v1", "vllm-v0"])
+    assert s.engines == ("vllm-v1", "vllm-v0")
+    with pytest.raises(KvplanError, match="only for `simulate`"):
+        build_deployment(s, Path("."))
+    assert s.for_engine("vllm-v0").engine == "vllm-v0"
+    assert scenario(engine=["sglang"]).engine == "sglang"  # a list of one is that engine
+
+
+def test_simulate_runs_every_engine_side_by_side(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps({**BASE, "engine": ["vllm-v1", "vllm-v0", "sglang"],
+                                "allocators": ["paged", "contiguous-max"]}))
+    out = tmp_path / "out"
+    assert main(["simulate", str(path), "--out", str(out), "--no-plots", "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    # SGLang runs its own token pool only
+    assert list(summary) == ["vllm-v1/paged", "vllm-v1/contiguous-max", "vllm-v0/paged",
+                             "vllm-v0/contiguous-max", "sglang/paged"]
+    for name, s in summary.items():
+        assert s["completed"] + s["rejected"] == 40, name
+    run = json.loads((out / "run.json").read_text())
+    assert set(run["deployments"]) == {"vllm-v1", "vllm-v0", "sglang"}
+    assert run["deployments"]["sglang"]["block_size"] == 1  # SGLang's page size
+    lines = (out / "requests.csv").read_text().splitlines()
+    assert len(lines) == 1 + 5 * 40
+
+
+def test_set_engine_on_the_command_line(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(BASE))
+    s, _ = load_scenario(path, {"engine": "sglang"})
+    assert s.engine == "sglang"
