@@ -391,8 +391,9 @@ class RadixTree:
         heap = self._heap
         heapq.heappush(heap, self._priority(node))
         if len(heap) > 2 * len(self._leaves) + 256:  # mostly stale entries: rebuild
-            self._heap = [self._priority(n) for n in self._leaves]
-            heapq.heapify(self._heap)
+            # in place: evict() holds the list while it pushes the parents it makes leaves
+            heap[:] = [self._priority(n) for n in self._leaves]
+            heapq.heapify(heap)
 
     def check(self) -> None:
         """Structure and counters recomputed from the nodes (locks are checked by the pool)."""

@@ -766,11 +766,22 @@ class _PrefillAdder:
 
     def add_chunked_req(self, req: _Req) -> _Req | None:
         """The chunked request's next chunk: the rest, capped by the chunk budget and the KV
-        budget (the chunk budget when the KV one is gone); the request while more remain."""
+        budget (the chunk budget when the KV one is gone: "The chunked_req must be added to the
+        list; otherwise, it will cause a memory leak"); the request while more remain.
+
+        One departure: when the KV budget is gone because of the running batch's reserve, the
+        chunk budget may ask more pages than the pool has free and evictable, and SGLang then
+        stops with "Prefill out of memory" (``alloc_token_slots``). The chunk is cut to what the
+        pool holds (a page kept, as ``alloc_for_extend`` needs), or waits a step when nothing is
+        left, so that the simulation goes on where the server would have failed."""
         assert self.rem_chunk is not None
         limit = min(self.rem_chunk, int(self.rem_total()))
         if limit <= 0:
-            limit = self.rem_chunk
+            ps = self.page_size
+            held = (self.available + self.pool.evictable_tokens) // ps * ps - ps
+            limit = min(self.rem_chunk, held)
+            if limit <= 0:
+                return req  # not in this batch: it keeps its pages and tries next step
         left = req.fill - req.computed
         truncated = left > limit
         req.extend = min(left, limit)

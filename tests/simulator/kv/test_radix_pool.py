@@ -116,6 +116,28 @@ def test_allocation_evicts_only_the_shortfall_leaf_by_leaf_and_a_freed_parent_fo
     pool.check_invariants()
 
 
+def test_an_eviction_that_rebuilds_the_heap_still_frees_the_whole_shortfall():
+    """Two 10-token prefix nodes with 75 prompts of 2 tokens of their own under each (the oldest
+    leaves); then 400 other prompts are cached and locked again by running sequences, which
+    leaves hundreds of stale entries in the eviction heap, newer than the old leaves. Evicting
+    everything evictable makes the first shared node a leaf, and its push rebuilds the mostly
+    stale heap; the second shared node becomes a leaf after that. The eviction must see both (a
+    rebuild that replaced the list the eviction held lost the second: 10 tokens short)."""
+    groups, per_group, locked = 2, 75, 400
+    cached = groups * (10 + 2 * per_group)
+    pool = RadixTokenPool(cached + 6 * locked, 1)
+    for g in range(groups):
+        for i in range(per_group):
+            run_to_tree(pool, g * 1000 + i, token_key((g,), 10, 12, f"r{g}-{i}"), 12)
+    for i in range(locked):
+        run_to_tree(pool, 10_000 + i, token_key((100 + i,), 5, 5, f"l{i}"), 5)
+        assert admit(pool, 20_000 + i, token_key((100 + i,), 5, 6, f"m{i}"), 6, 6) == 5
+    assert pool.free_pages == 0 and pool.tree.evictable_size == cached
+    pool.evict_for(cached)
+    assert pool.free_pages == cached and pool.tree.evictable_size == 0
+    pool.check_invariants()
+
+
 def test_lockstep_growth_takes_a_page_when_a_token_starts_one():
     pool = RadixTokenPool(32, 4)
     admit(pool, 0, token_key((), 0, 6, "a"), 6, 13)  # 2 pages
