@@ -470,7 +470,7 @@ def _allocators_figure(summary: Mapping[str, Mapping[str, Any]], title: str,
     frag_ax.set_ylim(0, 100 * 1.12)
     handles += frag_ax.get_legend_handles_labels()[0]
     for ax in (ttft_ax, conc_ax, frag_ax):
-        ax.set_xticks(x, [n.replace("-", "-\n", 1) for n in names])
+        ax.set_xticks(x, [_tick_label(n) for n in names])
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False)
     fig.suptitle(_suptitle(title, "Allocators compared"))
     return fig
@@ -548,6 +548,14 @@ def _time_unit(largest_s: float) -> tuple[float, str]:
     if largest_s < 1.0:
         return 1e3, "ms"
     return (1.0, "s") if largest_s < 600 else (1 / 60, "min")
+
+
+def _tick_label(name: str) -> str:
+    """A run's name in lines short enough for its bar: an allocator broken at its first hyphen
+    (``contiguous-\nmax``), under its engine when the run names one (``engine/allocator``)."""
+    engine, sep, allocator = name.rpartition("/")
+    lines = allocator.replace("-", "-\n", 1)
+    return f"{engine}\n{lines}" if sep else lines
 
 
 def _seconds(value_s: float) -> str:

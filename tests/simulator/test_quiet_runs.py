@@ -43,6 +43,13 @@ CASES = [
     ("closed-loop.yaml", {"workload.num_requests": 300}),
     ("long-context.yaml", {"workload.num_requests": 60}),
     ("code.yaml", {"workload.num_requests": 300, "num_replicas": 3}),
+    # each engine on the scenarios that compare them (chat, code: vllm-v1 by default)
+    ("engines.yaml", {"workload.num_requests": 600, "engine": "vllm-v1"}),
+    ("engines.yaml", {"workload.num_requests": 600, "engine": "vllm-v0"}),
+    ("engines.yaml", {"workload.num_requests": 600, "engine": "sglang", "allocators": "[paged]"}),
+    ("engines-prefix.yaml", {"workload.num_requests": 60, "engine": "vllm-v1"}),
+    ("engines-prefix.yaml", {"workload.num_requests": 60, "engine": "sglang"}),
+    ("shared-prefix.yaml", {"workload.num_requests": 300, "engine": "sglang", "allocators": "[paged]"}),
 ]
 
 

@@ -43,11 +43,13 @@ def test_there_are_scenarios():
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_scenario_builds_a_deployment(path, tmp_path):
     scenario, base_dir = load_scenario(base_scenario(path, tmp_path))
-    dep = build_deployment(scenario, base_dir)
-    d = dep.describe()
-    assert d["num_blocks"] > 0 and d["kv_capacity_tokens"] == d["num_blocks"] * d["block_size"]
-    assert d["bytes_per_token"] > 0 and d["available_kv_gib"] > 0
-    assert d["max_model_len"] >= 2
+    for engine in scenario.engines:  # a scenario comparing engines builds one per engine
+        dep = build_deployment(scenario.for_engine(engine), base_dir)
+        d = dep.describe()
+        assert d["engine"] == engine
+        assert d["num_blocks"] > 0 and d["kv_capacity_tokens"] == d["num_blocks"] * d["block_size"]
+        assert d["bytes_per_token"] > 0 and d["available_kv_gib"] > 0
+        assert d["max_model_len"] >= 2
     assert scenario.allocators and len(set(scenario.allocators)) == len(scenario.allocators)
 
 
