@@ -117,3 +117,19 @@ def test_set_engine_on_the_command_line(tmp_path: Path) -> None:
     path.write_text(json.dumps(BASE))
     s, _ = load_scenario(path, {"engine": "sglang"})
     assert s.engine == "sglang"
+
+
+def test_engine_is_a_capacity_sweep_knob_and_sglang_points_run_its_pool(tmp_path: Path) -> None:
+    from simulator.capacity.sweep import read_capacity_scenario, resolve_points
+
+    path = tmp_path / "cap.yaml"
+    path.write_text(json.dumps({**BASE, "allocators": ["paged", "contiguous-max"],
+                                "slo": {"ttft_p99_s": 1.0},
+                                "sweep": {"engine": ["vllm-v1", "vllm-v0", "sglang"]}}))
+    points = resolve_points(read_capacity_scenario(path))
+    assert [p.error for p in points] == [None, None, None]
+    runs = {p.knobs["engine"]: (p.scenario.allocators, p.deployment.scheduler_config.engine)
+            for p in points}
+    assert runs == {"vllm-v1": (("paged", "contiguous-max"), "vllm-v1"),
+                    "vllm-v0": (("paged", "contiguous-max"), "vllm-v0"),
+                    "sglang": (("paged",), "sglang")}
