@@ -45,7 +45,8 @@ from simulator.scheduler.config import ENGINES, EngineName
 from simulator.yamlfile import read_yaml
 from workloads.spec import WorkloadSpec, format_validation_error, no_bool_for_number
 
-V1_KNOBS = ("long_prefill_token_threshold", "max_num_partial_prefills", "scheduler_reserve_full_isl")
+V1_KNOBS = ("long_prefill_token_threshold", "max_num_partial_prefills", "scheduler_reserve_full_isl",
+            "watermark")
 SGLANG_KNOBS = ("schedule_policy", "radix_eviction_policy", "max_prefill_tokens",
                 "schedule_conservativeness")
 ALLOCATORS: tuple[str, ...] = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
@@ -134,6 +135,7 @@ class Scenario(_Spec):
     long_prefill_token_threshold: Annotated[int, Field(ge=0, le=10_000_000)] | None = None
     max_num_partial_prefills: Annotated[int, Field(ge=1, le=65536)] | None = None
     scheduler_reserve_full_isl: bool | None = None
+    watermark: Annotated[float, Field(ge=0, lt=1)] | None = None
     # SGLang only (python/sglang/srt/server_args.py); None = SGLang's default
     schedule_policy: Literal["fcfs", "lpm"] | None = None
     radix_eviction_policy: Literal["lru", "lfu"] | None = None

@@ -265,12 +265,15 @@ class PagedAllocator(KVAllocator):
 
     # ------------------------------------------------------------------ interface
     def can_allocate(
-        self, num_tokens: int, final_tokens: int, block_hashes: Sequence[int] = ()
+        self, num_tokens: int, final_tokens: int, block_hashes: Sequence[int] = (), *,
+        reserve_blocks: int = 0,
     ) -> bool:
+        """As the interface says; ``reserve_blocks`` more must stay free after it (an admission
+        watermark: simulator/scheduler/v1.py)."""
         need = self.blocks_needed(num_tokens)
         hits = self._leading_hits(block_hashes, max(num_tokens - 1, 0) // self.block_size)
         evictable_hits = sum(1 for b in hits if self.ref_count[b] == 0)
-        return need - len(hits) + evictable_hits <= self.num_free_blocks()
+        return need - len(hits) + evictable_hits + reserve_blocks <= self.num_free_blocks()
 
     def allocate(
         self, seq_id: int, num_tokens: int, final_tokens: int, block_hashes: Sequence[int] = ()

@@ -33,6 +33,9 @@ class SchedulerConfig:
     # admit a request only if its whole sequence (not just its first chunk) fits the free KV now
     # (KVCacheManager.allocate_slots, full_sequence_must_fit)
     scheduler_reserve_full_isl: bool = True
+    # blocks kept free when admitting a waiting or preempted request while others run, as a
+    # fraction of the pool (vllm/config/scheduler.py ``watermark``, default 0.0: off)
+    watermark: float = 0.0
     # SGLang only (simulator/scheduler/sglang.py; python/sglang/srt/server_args.py names them)
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
     radix_eviction_policy: Literal["lru", "lfu"] = "lru"
@@ -69,6 +72,8 @@ class SchedulerConfig:
             raise ValueError("swap_space_tokens must be >= 0")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
         if self.max_num_partial_prefills < 1:

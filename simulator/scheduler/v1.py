@@ -34,8 +34,12 @@ The rules, each with the function it comes from:
 * ``scheduler_reserve_full_isl`` (default True): admission passes ``full_sequence_must_fit``, so
   the whole sequence (``request.num_tokens``) must fit the free blocks after its cache hits, not
   just the first chunk (``KVCacheManager.allocate_slots``); off, the first chunk must fit, as
-  in the versions before the knob. ``watermark`` (default 0.0: off, vllm/config/scheduler.py)
-  is not modelled.
+  in the versions before the knob.
+* ``watermark`` (default 0.0: off, vllm/config/scheduler.py; vLLM PR #44594):
+  ``int(watermark × num_blocks)`` blocks must stay free after a waiting or preempted request's
+  allocation when some request is already scheduled (``KVCacheManager.allocate_slots``,
+  ``has_scheduled_reqs``), in the full-ISL check and in the allocation itself. Paged pools only
+  (a contiguous region has no blocks to keep free).
 * ``max_num_partial_prefills``: V1's scheduler never reads it; ``SchedulerConfig.__post_init__``
   turns a value above 1 into a default ``long_prefill_token_threshold`` of 4% of
   ``max_model_len`` when none is set, and that is all it does in V1.
@@ -127,6 +131,11 @@ class V1Scheduler(Scheduler):
         if (config.enable_prefix_caching and isinstance(allocator, PagedAllocator)
                 and allocator.enable_prefix_caching):
             self._cache = allocator
+        # the admission watermark in blocks (KVCacheManager: int(watermark * num_blocks)); a
+        # paged pool's: contiguous regions have no blocks to keep free
+        self._cache_pool: PagedAllocator | None = allocator if isinstance(allocator, PagedAllocator) else None
+        self._watermark_blocks = (int(config.watermark * allocator.num_blocks)
+                                  if isinstance(allocator, PagedAllocator) else 0)
         self._done: list[Group] = []  # finished in the step being completed, KV not yet freed
         self._families: dict[int, _Samples] = {}  # parallel-sampling request id -> its samples
         self._family_of: dict[int, _Samples] = {}  # a sample's (negative) request id -> family
@@ -261,7 +270,14 @@ class V1Scheduler(Scheduler):
                 if not cfg.enable_chunked_prefill:
                     break
                 n = budget
-            if cfg.scheduler_reserve_full_isl and cached + n < target and not self._fits_whole(g, cached):
+            # KVCacheManager.allocate_slots: the watermark applies to a waiting (or preempted)
+            # request when some request is already scheduled (has_scheduled_reqs=bool(running))
+            reserve = self._watermark_blocks if self.running else 0
+            if cfg.scheduler_reserve_full_isl and cached + n < target and not self._fits_whole(g, cached, reserve):
+                self.num_kv_refusals += 1
+                break
+            if reserve and not self._cache_pool.can_allocate(cached + n, g.final_tokens, g.block_hashes,
+                                                             reserve_blocks=reserve):
                 self.num_kv_refusals += 1
                 break
             seq = self._new_seq_id()
@@ -298,13 +314,17 @@ class V1Scheduler(Scheduler):
             budget -= n
         return budget
 
-    def _fits_whole(self, g: Group, cached: int) -> bool:
+    def _fits_whole(self, g: Group, cached: int, reserve: int = 0) -> bool:
         """``full_sequence_must_fit``: the whole sequence's blocks, less its cache hits, fit the
-        free ones now (hits that are cached but unreferenced count as taken: claiming them takes
-        them off the free queue). O(1) unless the answer depends on which hits are referenced."""
+        free ones now with ``reserve`` (the watermark) left over (hits that are cached but
+        unreferenced count as taken: claiming them takes them off the free queue). O(1) unless
+        the answer depends on which hits are referenced."""
         alloc, target = self.alloc, g.num_prefill_target
         if target - cached > alloc.num_free_tokens():
             return False
+        if reserve:
+            return self._cache_pool.can_allocate(target, g.final_tokens, g.block_hashes,
+                                                 reserve_blocks=reserve)
         cache = self._cache
         if cache is not None and cache.blocks_needed(target) <= cache.num_free_blocks():
             return True

@@ -9,6 +9,8 @@ pools small enough to preempt (with re-admissions that find their own blocks).
 
 from __future__ import annotations
 
+import dataclasses
+
 import random
 
 from hypothesis import HealthCheck, example, given, settings
@@ -18,7 +20,7 @@ from simulator.engine import simulate
 from simulator.kv.contiguous import ContiguousAllocator
 from simulator.kv.paged import PagedAllocator
 from simulator.latency.constant import ConstantLatency
-from simulator.scheduler import Scheduler, SchedulerConfig
+from simulator.scheduler import Scheduler, SchedulerConfig, Status
 from simulator.scheduler.v1 import V1Scheduler
 from workloads.request import Request
 
@@ -77,6 +79,23 @@ def test_random_v1_runs_are_the_same_with_and_without_quiet_runs(rng, replicas):
         return V1Scheduler(alloc, cfg), alloc
 
     _assert_same(*_run_both(requests, make, num_replicas=replicas))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rng=st.randoms(use_true_random=False), watermark=st.sampled_from([0.05, 0.2, 0.5]))
+def test_random_v1_runs_with_a_watermark_are_the_same_with_and_without_quiet_runs(rng, watermark):
+    """The admission watermark only ever refuses more while free blocks shrink and the running
+    set stays: a quiet run's argument holds with it."""
+    requests, cfg, num_blocks = _workload(rng)
+    cfg = dataclasses.replace(cfg, watermark=watermark)
+
+    def make(_: int):  # type: ignore[no-untyped-def]
+        alloc = PagedAllocator(num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching)
+        return V1Scheduler(alloc, cfg), alloc
+
+    fast, slow = _run_both(requests, make)
+    _assert_same(fast, slow)
+    assert all(g.status in (Status.FINISHED, Status.REJECTED) for g in fast.groups)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

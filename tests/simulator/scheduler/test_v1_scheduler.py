@@ -303,3 +303,26 @@ def test_beam_search_is_rejected_and_swap_refused():
     cfg = SchedulerConfig(block_size=BS, engine="vllm-v1", preemption_mode="swap", swap_space_tokens=64)
     with pytest.raises(ValueError, match="recompute only"):
         V1Scheduler(PagedAllocator(16, BS), cfg)
+
+
+def test_the_watermark_keeps_blocks_free_when_admitting_beside_running_requests():
+    """vllm/v1/core/kv_cache_manager.py (KVCacheManager.allocate_slots): ``watermark_blocks =
+    int(watermark * num_blocks)`` more must stay free after a waiting request's allocation, when
+    some request is already scheduled (``has_scheduled_reqs``); vllm/config/scheduler.py
+    ``watermark`` (default 0.0).
+
+    8 blocks, watermark 0.25: 2 blocks. Step 0: R0 (prompt 8, output 4) is admitted alone (no
+    watermark: nothing runs) into 2 blocks. Step 1: R0 grows to 3 blocks to decode; R1 (prompt
+    16: 4 blocks) finds 5 free, but 4 + 2 > 5: it waits. R0 finishes in step 3; in step 4
+    nothing runs, so R1 is admitted without the watermark and prefills its 16 tokens. Without a
+    watermark R1 is admitted in step 1, with the 15 tokens R0's decode leaves of the budget.
+    """
+    requests = {0: [Request(0, 0.0, 8, 4)], 1: [Request(1, 0.0, 16, 2)]}
+    sched, alloc = v1(8, watermark=0.25)
+    steps = trace(sched, alloc, 8, requests)
+    assert [s.chunks for s in steps][:5] == [{0: (8, 0)}, {}, {}, {}, {1: (16, 0)}]
+    assert steps[3].finished == (0,) and sched.num_kv_refusals == 3
+    sched, alloc = v1(8)
+    steps = trace(sched, alloc, 8, requests)
+    assert [s.chunks for s in steps][:2] == [{0: (8, 0)}, {1: (15, 0)}]
+    assert sched.num_kv_refusals == 0

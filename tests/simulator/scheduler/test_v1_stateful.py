@@ -39,9 +39,10 @@ class V1Machine(RuleBasedStateMachine):
         threshold=st.sampled_from([0, 0, 3, 8]),
         reserve=st.booleans(),
         partial=st.sampled_from([1, 1, 2]),
+        watermark=st.sampled_from([0.0, 0.0, 0.1, 0.3]),
     )
     def setup(self, kind, block_size, capacity_tokens, max_num_seqs, extra_budget, chunked,
-              threshold, reserve, partial):
+              threshold, reserve, partial, watermark):
         budget = max_num_seqs + extra_budget
         if not chunked:
             budget = max(budget, MAX_MODEL_LEN)
@@ -51,7 +52,7 @@ class V1Machine(RuleBasedStateMachine):
             block_size=block_size, enable_chunked_prefill=chunked,
             enable_prefix_caching=kind == "paged-prefix", engine="vllm-v1",
             long_prefill_token_threshold=threshold, scheduler_reserve_full_isl=reserve,
-            max_num_partial_prefills=partial,
+            max_num_partial_prefills=partial, watermark=watermark,
         )
 
         def make() -> KVAllocator:
