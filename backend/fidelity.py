@@ -5,8 +5,10 @@
     1. calibrate this device for the scenario's model (or take --profile): the shape sweep of
        `calibrate`, then a refit on a training run of the requests that follow the evaluated
        ones in the trace (never the evaluated requests themselves)
-    2. serve the scenario's trace on the real engine, in wall-clock time (--repeats times: the
-       spread between repeats is the noise floor of the measurement itself)
+    2. serve the scenario's trace on the real engine, in wall-clock time, with the scenario's
+       engine (vllm-v1, vllm-v0 or sglang) deciding every step, on a runner sized for the largest
+       step it can plan (--repeats times: the spread between repeats is the noise floor of the
+       measurement itself)
     3a. replay the real run's step durations in the simulator: the decisions must be identical
     3b. simulate the trace with the calibrated profile: the prediction
     4. fidelity.json + fidelity.png: simulated vs measured throughput, TTFT, TPOT and E2E with
@@ -34,7 +36,7 @@ import yaml
 
 from backend.calibrate import CalibrateOptions, calibrate, resolve_device, write_profile
 from backend.machine_load import StageLoad, sample_load
-from backend.realtime import RealtimeResult, ReplayLatency, run_realtime
+from backend.realtime import RealtimeResult, ReplayLatency, max_step_tokens, run_realtime
 from backend.runner import ModelRunner
 from simulator import metrics
 from simulator.deployment import Deployment, build_deployment
@@ -105,7 +107,7 @@ def _runner(dep: Deployment, device: torch.device) -> ModelRunner:
     return ModelRunner(
         dep.model, num_blocks=dep.num_blocks, block_size=cfg.block_size, device=device,
         dtype=dep.model.torch_dtype, kv_dtype=resolve_kv_dtype(dep.model, dep.scenario.kv_cache_dtype),
-        max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=max_step_tokens(cfg),
         max_model_len=cfg.max_model_len, tp=dep.scenario.tensor_parallel, seed=dep.scenario.seed,
     )
 
@@ -123,7 +125,7 @@ def _profile(opts: FidelityOptions, dep: Deployment, device: torch.device, out_d
         block_size=cfg.block_size, kv_cache_dtype=dep.scenario.kv_cache_dtype,
         quick=True if opts.quick_calibrate else None,  # None: quick on a CPU, full on a GPU
         seed=dep.scenario.seed, max_num_seqs=cfg.max_num_seqs,
-        max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=cfg.max_model_len,
+        max_num_batched_tokens=max_step_tokens(cfg), max_model_len=cfg.max_model_len,
     ))
     path = write_profile(result.profile, out_dir / "profile.yaml")
     return read_profile(path)
@@ -244,6 +246,7 @@ def _measure(opts: FidelityOptions, scenario, base: Path, dep: Deployment, devic
     report = {
         "scenario": scenario.name,
         "device": profile.device,
+        "engine": dep.scheduler_config.engine,
         "model": dep.model.name,
         # a calibrated profile: where it will be once the run is swapped in
         "profile": profile.path if given is not None else str(folder.published(Path(profile.path))),

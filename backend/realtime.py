@@ -33,7 +33,7 @@ from simulator.kv.paged import PagedAllocator
 from simulator.kv.radix import RadixTokenPool
 from simulator.latency.profile import features
 from simulator.plan import StepPlan
-from simulator.scheduler import Group, Scheduler, Status, StepOutcome
+from simulator.scheduler import Group, Scheduler, SchedulerConfig, Status, StepOutcome
 from workloads.request import Request
 
 WARMUP_PROMPT_TOKENS = 64  # warm-up prompts are capped: long enough to chunk, short enough to be quick
@@ -97,7 +97,8 @@ def run_realtime(
     result's requests carry those scaled arrivals, so its frames read in wall seconds.
     ``on_progress(count)`` is told of finished or rejected requests; ``clock`` and ``sleep`` are
     the wall clock (seconds). Raises ValueError for a scheduler or allocator the runner cannot
-    serve, RuntimeError if the scheduler is stuck with work left.
+    serve (its steps must fit the runner: :func:`max_step_tokens`), RuntimeError if the scheduler
+    is stuck with work left.
     """
     if not time_scale > 0:
         raise ValueError(f"time_scale must be positive, got {time_scale}")
@@ -202,6 +203,28 @@ def _sleep_until(arrival_s: float, t0: float, clock: Callable[[], float],
     return arrival_s
 
 
+def max_step_tokens(config: SchedulerConfig) -> int:
+    """The most tokens one step of ``config``'s engine can hold: what a runner must be sized for.
+
+    vLLM (V0 and V1): ``max_num_batched_tokens``, one budget for decodes and prefill chunks
+    (vllm/v1/core/sched/scheduler.py, ``Scheduler.schedule``: ``token_budget =
+    self.max_num_scheduled_tokens``). SGLang: a step prefills or decodes, never both (no mixed
+    chunks: simulator/scheduler/sglang.py). A decode step runs one token per running request, up
+    to ``max_num_seqs`` (``--max-running-requests``), which SGLang does not bound by the chunk
+    size. A prefill batch stays within ``chunked_prefill_size`` (``max_num_batched_tokens``);
+    without chunked prefill only the requests after a batch's first must fit in
+    ``max_prefill_tokens``, the first goes in whole (python/sglang/srt/managers/schedule_policy.py,
+    ``PrefillAdder.add_one_req``), so a batch holds at most max(max_prefill_tokens, max_model_len).
+    """
+    if config.engine != "sglang":
+        return config.max_num_batched_tokens
+    if config.enable_chunked_prefill:
+        prefill = config.max_num_batched_tokens
+    else:
+        prefill = max(config.max_prefill_tokens, config.max_model_len)
+    return max(prefill, config.max_num_seqs)
+
+
 def _check_compatible(scheduler: Scheduler, allocator: KVAllocator, runner: ModelRunner) -> None:
     if not scheduler.detail:
         raise ValueError("the real engine needs a detail-mode scheduler (replica_factory(..., detail=True))")
@@ -212,8 +235,10 @@ def _check_compatible(scheduler: Scheduler, allocator: KVAllocator, runner: Mode
         raise ValueError(f"the allocator's {allocator.num_blocks} blocks of {allocator.block_size} do "
                          f"not fit the runner's {runner.num_blocks} blocks of {runner.block_size}")
     cfg = scheduler.config
-    if cfg.max_num_seqs > runner.max_num_seqs or cfg.max_num_batched_tokens > runner.max_num_batched_tokens:
-        raise ValueError("the scheduler's max_num_seqs / max_num_batched_tokens exceed the runner's")
+    tokens = max_step_tokens(cfg)
+    if cfg.max_num_seqs > runner.max_num_seqs or tokens > runner.max_num_batched_tokens:
+        raise ValueError(f"the scheduler's steps (up to {cfg.max_num_seqs} sequences, {tokens} tokens) "
+                         f"exceed the runner's ({runner.max_num_seqs}, {runner.max_num_batched_tokens})")
     if -(-cfg.max_model_len // cfg.block_size) > runner.max_blocks_per_seq:
         raise ValueError("the scheduler's max_model_len exceeds the runner's")
 
