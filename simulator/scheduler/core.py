@@ -36,7 +36,7 @@ from simulator.plan import PrefillChunk, StepPlan
 from simulator.scheduler.beams import reshuffle_beams
 from simulator.scheduler.config import SchedulerConfig
 from simulator.scheduler.details import step_details
-from simulator.scheduler.state import Group, Status, StepOutcome
+from simulator.scheduler.state import Group, Status, StepOutcome, reject
 from workloads.request import Request
 
 _GROW, _BEAM = 0, 1
@@ -133,10 +133,8 @@ class Scheduler:
         self.waiting.append(g)
 
     def _reject(self, g: Group, reason: str) -> Group:
-        g.status = Status.REJECTED
-        g.reject_reason = reason
         self.num_rejected += 1
-        return g
+        return reject(g, reason)
 
     @property
     def has_work(self) -> bool:
@@ -245,20 +243,25 @@ class Scheduler:
                     g.seq_ids = []
                     break
             self.waiting.popleft()
-            g.status = Status.PREFILLING
-            g.num_computed = cached
-            g.admit_order = self._next_admit
-            self._next_admit += 1
-            self._count_prefix_hits(g, target, cached)
-            self.running[g.request_id] = g
-            self.prefilling[g.request_id] = g
-            self._prefill_owner[seq] = g
+            self._start_prefill(g, seq, target, cached)
             self.newly_admitted.append(g)
             self._num_running_seqs += k
             self._prefill_written += cached
             chunks.append(self._chunk(g, n))
             budget -= n
         return budget
+
+    def _start_prefill(self, g: Group, seq: int, target: int, cached: int) -> None:
+        """An admission's bookkeeping once its allocation succeeded: ``seq`` holds the first
+        ``cached`` of the ``target`` tokens to prefill, found in the prefix cache."""
+        g.status = Status.PREFILLING
+        g.num_computed = cached
+        g.admit_order = self._next_admit
+        self._next_admit += 1
+        self._count_prefix_hits(g, target, cached)
+        self.running[g.request_id] = g
+        self.prefilling[g.request_id] = g
+        self._prefill_owner[seq] = g
 
     def _cached_prefix(self, g: Group, target: int) -> int:
         """``alloc.lookup`` for the head of the queue, remembered until the prefix cache changes

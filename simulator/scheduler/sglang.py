@@ -100,7 +100,7 @@ from simulator.kv.allocator import KVAllocator
 from simulator.kv.radix import RadixTokenPool, RadixTree, TokenKey, TreeNode, token_key
 from simulator.plan import PrefillChunk, SeqDetail, StepPlan
 from simulator.scheduler.config import SchedulerConfig
-from simulator.scheduler.state import Group, Status, StepOutcome
+from simulator.scheduler.state import Group, Status, StepOutcome, reject
 from workloads.request import Request
 
 # schedule_policy.py
@@ -248,10 +248,8 @@ class SGLangScheduler:
                          request.request_id, owner)
 
     def _reject(self, g: Group, reason: str) -> Group:
-        g.status = Status.REJECTED
-        g.reject_reason = reason
         self.num_rejected += 1
-        return g
+        return reject(g, reason)
 
     @property
     def has_work(self) -> bool:

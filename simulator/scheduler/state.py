@@ -78,6 +78,13 @@ class Group:
         return kv_len - self.request.prompt_tokens + 1
 
 
+def reject(g: Group, reason: str) -> Group:
+    """Mark ``g`` refused at arrival, with the one-line reason the requests table shows."""
+    g.status = Status.REJECTED
+    g.reject_reason = reason
+    return g
+
+
 class StepOutcome(NamedTuple):
     """What a completed step changed, for the executor to time-stamp."""
 

@@ -293,14 +293,7 @@ class V1Scheduler(Scheduler):
             assert got.num_cached_tokens == cached, (got.num_cached_tokens, cached)
             waiting.popleft()
             g.seq_ids = [seq]
-            g.status = Status.PREFILLING
-            g.num_computed = cached
-            g.admit_order = self._next_admit
-            self._next_admit += 1
-            self._count_prefix_hits(g, target, cached)
-            self.running[g.request_id] = g
-            self.prefilling[g.request_id] = g
-            self._prefill_owner[seq] = g
+            self._start_prefill(g, seq, target, cached)
             family = self._family_of.get(g.request_id) if self._family_of else None
             if family is None:
                 self.newly_admitted.append(g)
