@@ -3,7 +3,8 @@
 Three engines' policies share the StepPlan seam (``schedule()`` -> executor -> ``complete()``)
 and the engine's quiet-run protocol, so the simulator and the real backend run any of them:
 
-* ``vllm-v1`` (:mod:`simulator.scheduler.v1`): vLLM's V1 engine, the default since vLLM 0.8;
+* ``vllm-v1`` (:mod:`simulator.scheduler.v1`): vLLM's V1 engine, the default since vLLM 0.8.0
+  ("We have now enabled V1 engine by default", vllm-project/vllm#13726, v0.8.0 release notes);
 * ``vllm-v0`` (:mod:`simulator.scheduler.core`): the PagedAttention paper's engine (vLLM V0);
 * ``sglang`` (:mod:`simulator.scheduler.sglang`): SGLang's scheduler over a token pool with a
   radix prefix cache.
