@@ -98,6 +98,7 @@ from simpy.events import NORMAL
 
 from simulator.kv.allocator import KVAllocator
 from simulator.latency import LatencyModel, quiet_latencies
+from simulator.router import Router, RouterConfig
 from simulator.scheduler import Group, Scheduler, Status
 from simulator.steps import DEFAULT_BIN_S, STEP_COLUMNS, StepLog, StepTotals, step_row
 from workloads.clients import OPEN_LOOP, Clients
@@ -222,11 +223,15 @@ def simulate(
     on_progress: Callable[[int], None] | None = None,
     macro_steps: bool = True,
     stop_if: StopRule | None = None,
+    router: RouterConfig | None = None,
 ) -> SimResult:
     """Replay ``requests`` (sorted by arrival) through ``num_replicas`` replicas, sent by ``clients``.
 
     ``make_replica(i)`` builds replica i's scheduler and allocator. Requests are sent in list
-    order; each goes to the replica with the fewest outstanding requests (lowest index on ties).
+    order; ``router`` chooses each one's replica (:mod:`simulator.router`; default: the fewest
+    outstanding requests, lowest index on ties). A policy that reads KV state
+    (:attr:`RouterConfig.reads_kv`) turns quiet runs off; a stale view (``refresh_interval_s`` >
+    0) is refreshed by a process every ``refresh_interval_s`` of simulated time.
     Every request ends finished or rejected (with a reason); the result holds per-request times,
     the step rows (``record_steps``: True or ``"full"``, ``"bins"`` of ``step_bin_s`` seconds,
     or False; :mod:`simulator.steps`) and exact step totals.
@@ -256,7 +261,9 @@ def simulate(
         raise ValueError(f"warmup_requests {clients.warmup_requests} leaves none of the {n} "
                          "requests to measure")
     log = StepLog(record_steps, bin_s=step_bin_s)
-    macro = macro_steps and getattr(latency, "quiet_runs", True)
+    route = Router(router or RouterConfig(), replicas)
+    # a policy that reads the KV pool or the prefix cache sees every step's state: no quiet runs
+    macro = macro_steps and getattr(latency, "quiet_runs", True) and not route.config.reads_kv
     done = [0]
     gated = clients.gated
     sent: list[Request] = list(requests) if gated else requests  # type: ignore[assignment]
@@ -277,7 +284,8 @@ def simulate(
         r = requests[i]
         if gated and r.arrival_s != env.now:
             r = sent[i] = dataclasses.replace(r, arrival_s=env.now)
-        rep = min(replicas, key=lambda x: x.outstanding)  # least outstanding, lowest index
+        rep = replicas[route.route(r)]
+        route.routed(rep.index, r)
         in_run = rep.run_starts is not None
         g = rep.scheduler.add_request(r, queue=not in_run)
         g.index = i
@@ -538,12 +546,26 @@ def simulate(
         log.quiet_run(rep.index, plan.step_id, start, durations, plan.num_decode_seqs, segments)
         return outcome
 
+    def refreshes():
+        """The router's stale view, refreshed every ``refresh_interval_s`` from time 0 until
+        every request has ended (or nothing can happen any more: every replica waits and
+        nothing is left to send)."""
+        interval = route.config.refresh_interval_s
+        while True:
+            route.refresh()
+            if done[0] >= n or (nothing_more_to_send() and all(
+                    rep.wake is not None and not rep.wake.triggered for rep in replicas)):
+                return
+            yield env.timeout(interval)
+
     arrivals_done = [False]
     stopped: list[str | None] = [None]
     # The run ends when the last request ends (a step's end, or a rejection at its send); think
     # times still pending after it are not part of the run.
     last_end_s = [0.0]
     env.process(arrivals())
+    if route.config.refresh_interval_s > 0:
+        env.process(refreshes())
     for rep in replicas:
         rep.process = env.process(step_loop(rep))
     # A long run allocates millions of small acyclic objects (plans, step rows); the cyclic garbage

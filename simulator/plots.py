@@ -563,3 +563,79 @@ def _seconds(value_s: float) -> str:
     if value_s < 1.0:
         return f"{value_s * 1e3:.3g} ms"
     return f"{value_s:.3g} s" if value_s < 600 else f"{value_s / 60:,.0f} min"
+
+
+# Okabe-Ito, in an order that keeps neighbouring replicas apart; past eight, line styles differ too
+_REPLICA_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
+
+
+def write_replica_plot(out_dir: Path, steps_df: pd.DataFrame, requests_df: pd.DataFrame,
+                       num_replicas: int, *, title: str = "", policy: str = "") -> Path | None:
+    """``replicas.png``: how the router spread the load over ``num_replicas`` replicas — per
+    allocator (one row each), the requests each replica was sent, and its running sequences
+    and waiting queue over time (time-weighted means per bin). Nothing is written (None) for a
+    single replica. Columns as :func:`write_plots` needs, plus ``replica`` in ``requests_df``.
+    """
+    if num_replicas <= 1:
+        return None
+    _require_columns(steps_df, STEP_COLUMNS_NEEDED, "steps table")
+    _require_columns(requests_df, ("allocator", "replica"), "requests table")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    steps_by, requests_by = _by_allocator(steps_df), _by_allocator(requests_df)
+    allocators = list(dict.fromkeys([*requests_by, *steps_by]))
+    axis = time_axis(steps_df)
+    path = out_dir / "replicas.png"
+    with mpl.rc_context(_RC):
+        _replica_figure(steps_by, requests_by, allocators or [""], num_replicas, axis, title,
+                        policy).savefig(path, dpi=DPI, format="png", metadata={"Software": None})
+    return path
+
+
+def _replica_figure(steps_by: Mapping[str, pd.DataFrame], requests_by: Mapping[str, pd.DataFrame],
+                    allocators: list[str], num_replicas: int, axis: TimeAxis, title: str,
+                    policy: str) -> Figure:
+    rows = len(allocators)
+    fig, axes = _figure(rows, 3, (13, 1.4 + 2.4 * rows))
+    x = axis.display(axis.edges_s)
+    replicas = np.arange(num_replicas)
+    colours = [_REPLICA_COLOURS[r % len(_REPLICA_COLOURS)] for r in replicas]
+    for row, name in enumerate(allocators):
+        sent_ax, running_ax, waiting_ax = axes[row]
+        requests = requests_by.get(name)
+        counts = np.zeros(num_replicas)
+        if requests is not None and len(requests):
+            routed = requests["replica"].to_numpy(dtype=np.int64)
+            routed = routed[(routed >= 0) & (routed < num_replicas)]
+            counts = np.bincount(routed, minlength=num_replicas).astype(float)
+        sent_ax.bar(replicas, counts, color=colours)
+        sent_ax.set_xticks(replicas if num_replicas <= 16 else replicas[:: max(1, num_replicas // 8)])
+        sent_ax.set_xlabel("replica")
+        sent_ax.set_ylabel("requests")
+        total = counts.sum()
+        spread = f"; max/mean {counts.max() / (total / num_replicas):.2f}" if total else ""
+        sent_ax.set_title(f"{name + ': ' if name else ''}requests sent{spread}", loc="left")
+        steps = steps_by.get(name)
+        for ax, column, what in ((running_ax, "num_running_seqs", "running sequences"),
+                                 (waiting_ax, "num_waiting", "waiting requests")):
+            ax.set_title(f"{what}, per replica", loc="left")
+            ax.set_xlim(x[0], x[-1])
+            if steps is None or not len(steps):
+                _say(ax, "no engine steps recorded")
+                continue
+            for r in replicas:
+                mine = steps[steps["replica"] == r]
+                if not len(mine):
+                    continue
+                means = binned_step_means(mine, (column,), axis.edges_s)[:, 0]
+                ax.plot(x, np.append(means, means[-1]), drawstyle="steps-post", linewidth=1.2,
+                        color=colours[r], linestyle=_LINESTYLES[(r // len(_REPLICA_COLOURS)) % len(_LINESTYLES)],
+                        label=f"replica {r}")
+            ax.set_ylim(bottom=0)
+        waiting_ax.set_xlabel(f"simulated time ({axis.unit})")
+        running_ax.set_xlabel(f"simulated time ({axis.unit})")
+    handles, labels = axes[0, 1].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncol=min(len(handles), 8), frameon=False)
+    fig.suptitle(_suptitle(title, f"Load per replica (router: {policy})" if policy else "Load per replica"))
+    return fig

@@ -17,6 +17,7 @@ from simulator.deployment import Deployment, build_deployment
 from simulator.engine import SimResult, simulate
 from simulator.errors import KvplanError
 from simulator.outputs import default_out_dir, open_output
+from simulator.router import requests_per_replica
 from simulator.saturation import saturation
 from simulator.scenario import Scenario, canonical_allocator, load_scenario
 from simulator.steps import DEFAULT_BIN_S, STEP_COLUMNS
@@ -139,9 +140,13 @@ def run_allocator(dep: Deployment, allocator: str, requests: list[Request], *,
     result = simulate(requests, dep.replica_factory(allocator), dep.latency,
                       num_replicas=dep.scenario.num_replicas, clients=clients, record_steps=record_steps,
                       step_bin_s=step_bin_s,
-                      on_progress=advance if progress is not None else None)
+                      on_progress=advance if progress is not None else None,
+                      router=dep.scenario.router.config())
     columns = metrics.request_columns(result)
     summary = metrics.summarize(result, columns, None, dep.capacity_tokens)
+    if dep.scenario.num_replicas > 1:
+        summary["requests_per_replica"] = requests_per_replica(result.times.replica,  # type: ignore[attr-defined]
+                                                               dep.scenario.num_replicas)
     summary.update(saturation(result, columns).as_dict())
     return AllocatorRun(name, result, columns, summary)
 
@@ -216,14 +221,16 @@ def write_outputs(out_dir: Path, scenario: Scenario, dep: Deployment, runs: list
     if plots:
         import pandas as pd
 
-        from simulator.plots import write_plots
+        from simulator.plots import write_plots, write_replica_plot
 
         requests = pd.concat([r.requests.assign(allocator=r.name) for r in runs], ignore_index=True)
         steps = pd.concat([r.steps.assign(allocator=r.name) for r in runs], ignore_index=True)
         requests = requests[["allocator", *metrics.REQUEST_COLUMNS]]
         steps = steps[["allocator", *STEP_COLUMNS]]
         slo = scenario.slo
-        write_plots(out_dir, steps, requests, summary,
-                    title=f"{scenario.name}: {dep.model.name} on {dep.gpu.name}",
+        title = f"{scenario.name}: {dep.model.name} on {dep.gpu.name}"
+        write_plots(out_dir, steps, requests, summary, title=title,
                     slo_ttft_p99_s=slo.ttft_p99_s if slo else None,
                     slo_tpot_p99_s=slo.tpot_p99_s if slo else None)
+        write_replica_plot(out_dir, steps, requests, scenario.num_replicas, title=title,
+                           policy=scenario.router.policy)

@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from simulator.errors import KvplanError, did_you_mean
 from simulator.kv.quantization import canonical_quantization
+from simulator.router import POLICIES, SCORERS, RouterConfig
 from simulator.scheduler.config import ENGINES, EngineName
 from simulator.yamlfile import read_yaml
 from workloads.spec import WorkloadSpec, format_validation_error, no_bool_for_number
@@ -102,6 +103,54 @@ class SLOSpec(_Spec):
     max_rejected_fraction: Annotated[float, Field(ge=0, le=1)] = 0.0
 
 
+class RouterSpec(_Spec):
+    """``router:``: how requests are spread over ``num_replicas`` (:mod:`simulator.router`)."""
+
+    policy: str = "least-outstanding"
+    # 0: the router reads each replica's state at the send; T > 0: as reported every T seconds
+    refresh_interval_s: Annotated[float, Field(ge=0, le=86400)] = 0.0
+    # weighted: scorer -> weight (queue, kv-utilization, prefix); default {queue: 1,
+    # kv-utilization: 1, prefix: 2}
+    scorers: dict[str, Annotated[float, Field(ge=0, le=1000)]] | None = None
+    # prefix-affinity (SGLang's cache-aware router; its command line's defaults)
+    cache_threshold: Annotated[float, Field(ge=0, le=1)] = 0.3
+    balance_abs_threshold: Annotated[int, Field(ge=0)] = 64
+    balance_rel_threshold: Annotated[float, Field(ge=1)] = 1.5
+    # the router-side prefix cache: block size (tokens), LRU capacity per replica (blocks)
+    block_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = 16
+    lru_capacity_blocks: Annotated[int, Field(ge=1)] = 31250
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, value: str) -> str:
+        if value not in POLICIES:
+            hint = did_you_mean(value, POLICIES) or f" (known: {', '.join(POLICIES)})"
+            raise ValueError(f"unknown routing policy {value!r}{hint}")
+        return value
+
+    @model_validator(mode="after")
+    def _scorers(self) -> RouterSpec:
+        if self.scorers is not None:
+            if self.policy != "weighted":
+                raise ValueError(f"scorers are for policy 'weighted', not {self.policy!r}")
+            for name in self.scorers:
+                if name not in SCORERS:
+                    hint = did_you_mean(name, SCORERS) or f" (known: {', '.join(SCORERS)})"
+                    raise ValueError(f"unknown scorer {name!r}{hint}")
+            if not any(self.scorers.values()):
+                raise ValueError("give at least one scorer a weight above 0")
+        return self
+
+    def config(self) -> RouterConfig:
+        """The engine's :class:`RouterConfig` for this spec."""
+        extra = {} if self.scorers is None else {"scorers": tuple(self.scorers.items())}
+        return RouterConfig(self.policy, self.refresh_interval_s, cache_threshold=self.cache_threshold,
+                            balance_abs_threshold=self.balance_abs_threshold,
+                            balance_rel_threshold=self.balance_rel_threshold,
+                            block_tokens=self.block_tokens, lru_capacity_blocks=self.lru_capacity_blocks,
+                            **extra)
+
+
 class Scenario(_Spec):
     name: str = ""
     description: str = ""
@@ -110,6 +159,7 @@ class Scenario(_Spec):
     gpu: str
     tensor_parallel: Annotated[int, Field(ge=1, le=64)] = 1
     num_replicas: Annotated[int, Field(ge=1, le=4096)] = 1
+    router: RouterSpec = RouterSpec()  # which replica each request goes to (simulator/router.py)
     allocators: tuple[str, ...] = ("paged",)
     # the serving engine whose scheduling and KV policy decide (simulator/scheduler/__init__.py);
     # `simulate` also takes a list, and runs every engine on the same requests side by side
