@@ -8,4 +8,8 @@ frontier; ``sweep`` turns a scenario's ``sweep:`` section into points and folds 
 table rows; ``executors`` runs searches in a process pool or on Ray; ``plots`` draws them;
 ``options`` is the command's parser (light: the CLI imports it for every command) and ``cmd``
 runs it.
+
+``--target-rate`` asks the inverse question, how many replicas hold a given rate: ``replicas``
+searches the fewest (from ``bound``'s ceiling, on the same probes and cache), ``replica_table``
+folds them into rows with GPUs and cost, ``replica_plots`` draws them and ``replica_cmd`` runs it.
 """

@@ -9,6 +9,9 @@ Examples::
     kvplan capacity scenarios/capacity-chat.yaml --executor ray --address auto --no-plots
     kvplan capacity scenarios/closed-loop.yaml --search concurrency     # + pareto.png/pareto.csv
 
+With ``--target-rate``/``--growth`` the command answers the inverse question, how many replicas
+hold a rate: :mod:`simulator.capacity.replica_cmd`.
+
 Exit status: 0 when every sweep point was searched; :data:`EXIT_POINTS_FAILED` (3) when some
 points could not be (their rows say why; the table and files are still written); 2 for bad input,
 including every point failing; 130 after Ctrl-C, which stops the worker processes at once, prints
@@ -29,9 +32,9 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -45,6 +48,7 @@ from simulator.capacity.sweep import (
     csv_cell,
     CONCURRENCY_ONLY_FIELDS,
     RATE_ONLY_FIELDS,
+    CapacityFile,
     CapacityRow,
     SweepPoint,
     failed_row,
@@ -69,6 +73,8 @@ CACHE_DIR = "cache"  # the probe cache under --out: kept across re-runs (simulat
 CAPACITY_FILES = ("capacity.csv", "capacity.json", CACHE_DIR)
 ROW_FIELDS = tuple(f.name for f in dataclasses.fields(CapacityRow) if f.name not in ("knobs", "point_index"))
 EXIT_POINTS_FAILED = 3  # some sweep points failed (a typo, weights that do not fit); the others ran
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -122,11 +128,7 @@ def run_capacity(path: str, *, allocators: Sequence[str] | None = None, sweeps: 
     ``failed`` row; if no point can be, KvplanError (after the CSV is written). Ctrl-C
     (KeyboardInterrupt) stops the searches, says what finished and propagates.
     """
-    file = read_capacity_scenario(path, scenario_overrides(allocators=list(allocators or []),
-                                                           extra=list(overrides)))
-    sweep = dict(file.sweep) if file_sweep else {}
-    sweep.update(parse_sweep_arg(s) for s in sweeps)
-    file = dataclasses.replace(file, sweep=sweep)
+    file = read_sweep(path, allocators, sweeps, overrides, file_sweep)
     price_overrides = dict(parse_price_arg(p) for p in prices)
     pool = make_executor(executor, jobs=jobs, address=address)
     out_dir = Path(out) if out else default_out_dir(file.data["name"], suffix="-capacity", where=path)
@@ -144,7 +146,7 @@ def run_capacity(path: str, *, allocators: Sequence[str] | None = None, sweeps: 
         started = time.perf_counter()
         finished: dict[int, SearchResult] = {}
         try:
-            results = _run_searches(pool, tasks, finished, quiet)
+            results = run_searches(pool, run_search, tasks, finished, quiet)
         except KeyboardInterrupt:
             if cache_dir is not None:
                 # The executor stopped its workers before the interrupt reached here, killing those
@@ -163,7 +165,7 @@ def run_capacity(path: str, *, allocators: Sequence[str] | None = None, sweeps: 
         if plots_on:
             _write_plots(folder.staging / "plots", points, rows, results, curve)
     if not quiet:
-        print_table(_console(), rows, notes, out_dir, time.perf_counter() - started, search)
+        print_table(make_console(), rows, notes, out_dir, time.perf_counter() - started, search)
     if not any(p.error is None for p in points):
         first = points[0].error or ""
         if len(points) == 1:
@@ -172,21 +174,33 @@ def run_capacity(path: str, *, allocators: Sequence[str] | None = None, sweeps: 
     return CapacityReport(out_dir, rows, results, sorted(set(notes.values())), curve)
 
 
-def _run_searches(pool: Executor, tasks: list[SearchTask], finished: dict[int, SearchResult],
-                  quiet: bool) -> list[SearchResult]:
-    """Run every search on ``pool`` (with a progress bar on a terminal); ``finished`` collects
-    each result as it arrives, so that an interrupted run can say what it had done."""
+def read_sweep(path: str, allocators: Sequence[str] | None, sweeps: Sequence[str], overrides: Sequence[str],
+               file_sweep: bool) -> CapacityFile:
+    """The capacity scenario at ``path`` with the command line applied: ``--allocator`` and
+    ``--set`` overrides, the file's ``sweep:`` (unless ``file_sweep`` is False) updated by
+    ``--sweep`` knobs."""
+    file = read_capacity_scenario(path, scenario_overrides(allocators=list(allocators or []),
+                                                           extra=list(overrides)))
+    sweep = dict(file.sweep) if file_sweep else {}
+    sweep.update(parse_sweep_arg(s) for s in sweeps)
+    return dataclasses.replace(file, sweep=sweep)
+
+
+def run_searches(pool: Executor, fn: Callable[[T], R], tasks: Sequence[T], finished: dict[int, R],
+                 quiet: bool) -> list[R]:
+    """Run ``fn`` over every task on ``pool`` (with a progress bar on a terminal); ``finished``
+    collects each result as it arrives, so that an interrupted run can say what it had done."""
     progress = _progress(quiet)
     if progress is None:
-        return pool.run(run_search, tasks, finished.__setitem__)
+        return pool.run(fn, tasks, finished.__setitem__)
     with progress:
         bar = progress.add_task("searches", total=len(tasks))
 
-        def done(i: int, result: SearchResult) -> None:
+        def done(i: int, result: R) -> None:
             finished[i] = result
             progress.advance(bar)
 
-        return pool.run(run_search, tasks, done)
+        return pool.run(fn, tasks, done)
 
 
 def _say_interrupted(points: list[SweepPoint], tasks: list[SearchTask], finished: dict[int, SearchResult],
@@ -207,18 +221,24 @@ def _say_interrupted(points: list[SweepPoint], tasks: list[SearchTask], finished
                 for point in points if point.deployment is not None
                 for allocator in (point.scenario.allocators if point.scenario else [])
                 if (point.index, allocator) in complete]
-        print_table(_console(), rows, notes, None, elapsed_s, search,
+        print_table(make_console(), rows, notes, None, elapsed_s, search,
                     title="finished before the interrupt (not written)")
+    say_interrupted(cache_dir, len(finished), len(tasks), elapsed_s)
+
+
+def say_interrupted(cache_dir: Path | None, num_finished: int, num_tasks: int, elapsed_s: float) -> None:
+    """After Ctrl-C (stderr): how many searches finished and where the cache that resumes the
+    rest is."""
     if cache_dir is None:
         where = "nothing was cached (--no-cache): the same command starts over"
     else:
         num_probes = sum(1 for _ in cache_dir.glob("*.json"))
         where = (f"{num_probes} probes are cached in {cache_dir}: the same command resumes from them")
-    print(f"kvplan: capacity interrupted after {elapsed_s:.1f} s: {len(finished)} of {len(tasks)} searches "
+    print(f"kvplan: capacity interrupted after {elapsed_s:.1f} s: {num_finished} of {num_tasks} searches "
           f"finished; {where}", file=sys.stderr, flush=True)
 
 
-def _console() -> Console:
+def make_console() -> Console:
     """A terminal's own width; a wide table when redirected to a file (a file has no width)."""
     return Console() if sys.stdout.isatty() else Console(width=250)
 
@@ -231,7 +251,7 @@ def _tasks(points: list[SweepPoint], base_dir: Path, num_seeds: int, tolerance: 
     for point in points:
         if point.scenario is None:
             continue
-        note = _check_searchable(point.scenario, point.where, search)
+        note = check_searchable(point.scenario, point.where, search)
         seeds, seed_note = seeds_for(point.scenario, num_seeds, search)
         if note or seed_note:
             notes[point.index] = "; ".join(n for n in (seed_note, note) if n)
@@ -250,7 +270,7 @@ def _tasks(points: list[SweepPoint], base_dir: Path, num_seeds: int, tolerance: 
     return tasks, notes
 
 
-def _check_searchable(scenario: Scenario, where: str, search: str) -> str | None:
+def check_searchable(scenario: Scenario, where: str, search: str) -> str | None:
     """Raise KvplanError when the workload cannot be searched this way; a note for the table
     when the search changes how it is sent."""
     spec = scenario.workload

@@ -13,6 +13,7 @@ from typing import Any
 
 SEARCHES = ("rate", "concurrency")  # what a capacity search varies (simulator.capacity.search)
 EXECUTORS = ("process", "ray")  # where searches run (simulator.capacity.executors)
+DEFAULT_MAX_REPLICAS = 64  # --max-replicas: the most replicas a --target-rate search tries
 
 
 def add_parser(subparsers: Any) -> None:
@@ -20,7 +21,9 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "capacity", help="max sustainable request rate under the SLO, with sweeps",
         description="For each allocator (and each point of a sweep), find the highest request rate at "
-                    "which the scenario's slo: holds, by doubling then bisection over the workload's rate.")
+                    "which the scenario's slo: holds, by doubling then bisection over the workload's rate; "
+                    "with --target-rate (or --growth), the fewest replicas that hold that rate, their GPUs "
+                    "and cost.")
     p.add_argument("scenario", help="scenario YAML with an slo: section (and optionally sweep:)")
     p.add_argument("--allocator", action="append", metavar="NAME", help="only this allocator (repeatable)")
     p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
@@ -37,6 +40,15 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--search", choices=SEARCHES, default="rate",
                    help="what to search: the request rate (default), or the number of closed-loop "
                         "clients from 1 up (concurrency; also draws pareto.png)")
+    p.add_argument("--target-rate", action="append", metavar="R[,R...]",
+                   help="instead of the max rate: the fewest replicas (data-parallel copies of each "
+                        "point's TP group) that hold R req/s under the SLO, their GPUs and cost "
+                        "(repeatable)")
+    p.add_argument("--growth", action="append", metavar="G[,G...]",
+                   help="as --target-rate, at G × the workload's own mean rate (repeatable)")
+    p.add_argument("--max-replicas", type=int, default=DEFAULT_MAX_REPLICAS,
+                   help="with --target-rate: the most replicas tried per point "
+                        f"(default {DEFAULT_MAX_REPLICAS})")
     p.add_argument("--executor", choices=EXECUTORS, default="process", help="where searches run")
     p.add_argument("--address", help="Ray cluster address (with --executor ray; default: local)")
     p.add_argument("--jobs", type=int, help="parallel processes (default: CPU count)")
@@ -50,7 +62,13 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    """Run the command (:func:`simulator.capacity.cmd.run`), importing it only now."""
-    from simulator.capacity.cmd import run
+    """Run the command, importing it only now: the replica search
+    (:func:`simulator.capacity.replica_cmd.run`) with ``--target-rate``/``--growth``, else the
+    rate or concurrency search (:func:`simulator.capacity.cmd.run`)."""
+    if args.target_rate or args.growth:
+        from simulator.capacity import replica_cmd
 
-    return run(args)
+        return replica_cmd.run(args)
+    from simulator.capacity import cmd
+
+    return cmd.run(args)

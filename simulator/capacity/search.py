@@ -126,8 +126,9 @@ from workloads.synthetic import rescale_to_rate
 MAX_DOUBLINGS = 24  # start × 2^24: beyond that the SLO holds "at every rate" (too short a trace)
 MAX_HALVINGS = 16  # start / 2^16: below that the SLO fails "at every rate"
 # bump when a probe's meaning changes, so old cache files are not reused. 5: probes stop early
-# (stopped_at_s), and TTFT/E2E include the latency model's request_overhead_s
-CACHE_VERSION = 5
+# (stopped_at_s), and TTFT/E2E include the latency model's request_overhead_s. 6: a scenario
+# without `engine:` runs vLLM V1 (it ran V0's policy), and probes route by `router:`
+CACHE_VERSION = 6
 FALLBACK_START_REQ_S = 1.0  # a rate search's start when the workload gives no lengths to bound it
 CLIENTS_PER_BATCH_SLOT = 2  # concurrency search: at most this × max_num_seqs × replicas clients
 
@@ -423,7 +424,8 @@ def simulate_probe(dep: Deployment, allocator: str, rate_req_s: float | None, se
     # no step rows: the KV figures come from the run's exact totals (simulator.steps.StepTotals)
     result = simulate(requests, dep.replica_factory(allocator), peak,
                       num_replicas=dep.scenario.num_replicas, clients=clients, record_steps=False,
-                      macro_steps=macro_steps, stop_if=rule if rule is not None and rule.active else None)
+                      macro_steps=macro_steps, stop_if=rule if rule is not None and rule.active else None,
+                      router=dep.scenario.router.config())
     # admissions the KV pool refused, each engine's own count (simulator/scheduler/)
     refusals = sum(rep.scheduler.num_kv_refusals for rep in result.replicas)
     if result.stopped is not None:
@@ -555,6 +557,28 @@ def cache_key(scenario: dict[str, Any], base_dir: str, allocator: str, load: flo
                "load": load, "seed": seed, "record_steps": record_steps}
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def cached_probe(cache_dir: str | None, scenario: dict[str, Any], base_dir: str, allocator: str, load: float,
+                 seed: int, record_steps: bool, run: Callable[[], Probe]) -> Probe:
+    """The probe of ``scenario`` (its mapping at this load) from the cache under ``cache_dir``
+    when there (one recorded with KV data also answers a request without it, its KV fields
+    dropped as a fresh probe has them), else ``run()``'s, written there. ``cache_dir`` None:
+    always ``run()``."""
+    if cache_dir is None:
+        return run()
+    for recorded in (record_steps, True):
+        key = cache_key(scenario, base_dir, allocator, load, seed, recorded)
+        cached = _read_cache(Path(cache_dir) / f"{key}.json")
+        if cached is not None:
+            if recorded and not record_steps:
+                cached = dataclasses.replace(cached, kv_used_mean=None, kv_used_peak=None,
+                                             kv_token_state_mean=None)
+            return cached
+    result = run()
+    key = cache_key(scenario, base_dir, allocator, load, seed, record_steps)
+    _write_cache(Path(cache_dir) / f"{key}.json", result)
+    return result
 
 
 def _read_cache(path: Path) -> Probe | None:
@@ -748,28 +772,11 @@ def run_search(task: SearchTask) -> SearchResult:
                               macro_steps=task.macro_steps)
 
     def probe(load: float, record_steps: bool) -> Probe:
-        if (load, record_steps) in memo:
-            return memo[load, record_steps]
-        data = scenario_at(load)
-        path = None
-        if task.cache_dir is not None:
-            # A probe recorded with KV data also answers a request without it.
-            for recorded in (record_steps, True):
-                key = cache_key(data, task.base_dir, task.allocator, load, task.seed, recorded)
-                cached = _read_cache(Path(task.cache_dir) / f"{key}.json")
-                if cached is not None:
-                    if recorded and not record_steps:  # as a fresh probe would be: no KV data
-                        cached = dataclasses.replace(cached, kv_used_mean=None, kv_used_peak=None,
-                                                     kv_token_state_mean=None)
-                    memo[load, record_steps] = cached
-                    return cached
-            key = cache_key(data, task.base_dir, task.allocator, load, task.seed, record_steps)
-            path = Path(task.cache_dir) / f"{key}.json"
-        result = simulate_at(load, record_steps)
-        if path is not None:
-            _write_cache(path, result)
-        memo[load, record_steps] = result
-        return result
+        if (load, record_steps) not in memo:
+            memo[load, record_steps] = cached_probe(
+                task.cache_dir, scenario_at(load), task.base_dir, task.allocator, load, task.seed,
+                record_steps, lambda: simulate_at(load, record_steps))
+        return memo[load, record_steps]
 
     if not by_clients:
         bound = None

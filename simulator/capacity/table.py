@@ -12,9 +12,10 @@ answer (failed, SLO unmet, unbounded) or whose window deserves a caveat, and the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from rich import box
 from rich.console import Console
@@ -50,7 +51,7 @@ class Column:
 
     header: str
     drop_order: int
-    cell: Callable[[CapacityRow], str]
+    cell: Callable[[Any], str]  # the row (a CapacityRow, or another search's row) -> its text
 
 
 def _rate_range(r: CapacityRow) -> str:
@@ -95,28 +96,7 @@ def print_table(console: Console, rows: Sequence[CapacityRow], notes: dict[int, 
     ``out_dir``) where the files went. Returns the headers left out for width."""
     by_clients = search == "concurrency"
     columns = CONCURRENCY_COLUMNS if by_clients else RATE_COLUMNS
-    knobs = list(dict.fromkeys(k for r in rows for k in r.knobs if k != "allocators"))
-    fixed = {k: csv_cell(rows[0].knobs.get(k)) for k in knobs
-             if rows and all(k in r.knobs and csv_cell(r.knobs[k]) == csv_cell(rows[0].knobs[k]) for r in rows)}
-    varying = [k for k in knobs if k not in fixed]
-    heading = title or (CONCURRENCY_TITLE if by_clients else RATE_TITLE)
-    if fixed:
-        heading += " — " + ", ".join(f"{k}={v}" for k, v in fixed.items())
-    shown, dropped = list(columns), []
-    table = _table(heading, varying, shown, rows)
-    unbounded = console.options.update_width(UNBOUNDED_WIDTH)  # the natural width, not the console's
-    while Measurement.get(console, unbounded, table).maximum > console.width:
-        optional = [c for c in shown if c.drop_order > 0]
-        if not optional:
-            break  # only the answer is left: the knob columns fold
-        worst = max(optional, key=lambda c: c.drop_order)
-        shown.remove(worst)
-        dropped.append(worst.header)
-        table = _table(heading, varying, shown, rows)
-    console.print(table)
-    if dropped:
-        console.print(f"not shown at {console.width} columns: {', '.join(dropped)} "
-                      "(capacity.csv has every column)", markup=False)
+    dropped = print_fitted(console, title or (CONCURRENCY_TITLE if by_clients else RATE_TITLE), columns, rows)
     console.print(WINDOW_LINE[search], markup=False)
     for r in rows:
         who = f"point {r.point_index}" + (f" {r.allocator}" if r.allocator else "")
@@ -133,7 +113,49 @@ def print_table(console: Console, rows: Sequence[CapacityRow], notes: dict[int, 
     return dropped
 
 
-def _table(title: str, knobs: list[str], columns: Sequence[Column], rows: Sequence[CapacityRow]) -> Table:
+class TableRow(Protocol):
+    """What a table line needs of a row (:class:`CapacityRow`, the replica search's rows)."""
+
+    @property
+    def knobs(self) -> dict[str, Any]: ...
+    @property
+    def allocator(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+
+
+def print_fitted(console: Console, heading: str, columns: Sequence[Column], rows: Sequence[TableRow],
+                 blank: Collection[str] = ("failed", "slo-unmet")) -> list[str]:
+    """Print ``rows`` under ``heading`` fitted to ``console.width`` (module docstring): knobs
+    that take one value go to the title, then columns are left out by ``drop_order`` and named
+    under the table. Rows whose status is in ``blank`` show it instead of numbers. Returns the
+    headers left out."""
+    knobs = list(dict.fromkeys(k for r in rows for k in r.knobs if k != "allocators"))
+    fixed = {k: csv_cell(rows[0].knobs.get(k)) for k in knobs
+             if rows and all(k in r.knobs and csv_cell(r.knobs[k]) == csv_cell(rows[0].knobs[k]) for r in rows)}
+    varying = [k for k in knobs if k not in fixed]
+    if fixed:
+        heading += " — " + ", ".join(f"{k}={v}" for k, v in fixed.items())
+    shown, dropped = list(columns), []
+    table = _table(heading, varying, shown, rows, blank)
+    unbounded = console.options.update_width(UNBOUNDED_WIDTH)  # the natural width, not the console's
+    while Measurement.get(console, unbounded, table).maximum > console.width:
+        optional = [c for c in shown if c.drop_order > 0]
+        if not optional:
+            break  # only the answer is left: the knob columns fold
+        worst = max(optional, key=lambda c: c.drop_order)
+        shown.remove(worst)
+        dropped.append(worst.header)
+        table = _table(heading, varying, shown, rows, blank)
+    console.print(table)
+    if dropped:
+        console.print(f"not shown at {console.width} columns: {', '.join(dropped)} "
+                      "(capacity.csv has every column)", markup=False)
+    return dropped
+
+
+def _table(title: str, knobs: list[str], columns: Sequence[Column], rows: Sequence[TableRow],
+           blank: Collection[str]) -> Table:
     # No vertical rules and collapsed padding: one space between columns, not three.
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True,
                   pad_edge=False)
@@ -144,7 +166,7 @@ def _table(title: str, knobs: list[str], columns: Sequence[Column], rows: Sequen
         table.add_column(column.header, justify="right", no_wrap=True)
     for r in rows:
         cells = [csv_cell(r.knobs.get(k)) for k in knobs] + [r.allocator]
-        if r.status in ("failed", "slo-unmet"):  # no numbers: the line under the table says why
+        if r.status in blank:  # no numbers: the line under the table says why
             table.add_row(*cells, f"[red]{r.status}[/]", *[""] * (len(columns) - 1))
         else:
             table.add_row(*cells, *(column.cell(r) for column in columns))

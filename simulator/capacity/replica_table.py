@@ -1,0 +1,191 @@
+"""The GPU-count table of ``kvplan capacity --target-rate``: one row per (point, allocator, target).
+
+A row folds one (point, allocator, target rate)'s per-seed replica searches
+(:mod:`simulator.capacity.replicas`)::
+
+    replicas   the most any seed needed: the count that held every seed's traffic
+    range      [fewest any seed needed, most any seed needed] (counts are exact: no tolerance)
+    GPUs       replicas × tensor_parallel
+    $/h        price per GPU-hour × GPUs
+    $/M tok    $/h / (3600 × output tok/s) × 10⁶, the output tok/s at the target (mean over seeds)
+    req/s/GPU  target rate / GPUs
+
+The latencies, output tok/s and goodput are each seed's at its own smallest count, averaged over
+seeds (a seed that needed fewer replicas than the row's count is measured at its fewer: the
+latencies are those of the tightest deployment that held).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from simulator.capacity.replicas import ReplicaResult
+from simulator.capacity.search import limited_by
+from simulator.capacity.sweep import SweepPoint, csv_cell, usd_per_m_tokens, window_caveats
+from simulator.capacity.table import Column, print_fitted
+
+TITLE = "fewest replicas that hold the target rate under the SLO"
+# the rows' statuses: ok (every seed held with at most --max-replicas), over-max (some seed did
+# not), slo-unmet (rejections fail the SLO at every count), failed (the point cannot be built)
+BLANK_STATUSES = ("failed", "slo-unmet", "over-max")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplicaRow:
+    """One (point, allocator, target rate); ``None`` = not applicable (no answer)."""
+
+    point_index: int
+    knobs: dict[str, Any]
+    allocator: str
+    target_rate_req_s: float | None
+    status: str  # ok | over-max | slo-unmet | failed (BLANK_STATUSES)
+    num_replicas: int | None = None  # the most any seed needed
+    replicas_ci_low: int | None = None  # the fewest any seed needed
+    replicas_ci_high: int | None = None
+    num_gpus: int | None = None  # num_replicas × tensor_parallel
+    gpus_per_replica: int | None = None  # the point's tensor_parallel
+    bound_replicas: int | None = None  # ⌈R / U₁⌉, the analytic lower bound the searches started at
+    max_replicas: int | None = None
+    usd_per_hour: float | None = None
+    usd_per_m_output_tokens: float | None = None
+    price_usd_per_gpu_hour: float | None = None
+    rate_per_gpu_req_s: float | None = None
+    ttft_p99_s: float | None = None
+    tpot_p99_s: float | None = None
+    throughput_tok_s: float | None = None
+    goodput_req_s: float | None = None
+    limited_by: str | None = None
+    kv_used_peak: float | None = None
+    num_seeds: int = 0
+    num_probes: int = 0  # simulations the seeds' searches asked for (cached or not)
+    window_s: float | None = None
+    message: str = ""
+    window_note: str = ""
+
+
+ROW_FIELDS = tuple(f.name for f in dataclasses.fields(ReplicaRow) if f.name not in ("knobs", "point_index"))
+
+
+def summarize_replicas(point: SweepPoint, allocator: str, results: Sequence[ReplicaResult],
+                       price_usd_per_gpu_hour: float | None, note: str | None = None) -> ReplicaRow:
+    """Fold one (point, allocator, target)'s per-seed searches into a row (module docstring)."""
+    assert point.deployment is not None and results
+    tp = point.deployment.capacity.tp
+    rate = results[0].target_rate_req_s
+    base: dict[str, Any] = dict(
+        point_index=point.index, knobs=point.knobs, allocator=allocator, target_rate_req_s=rate,
+        gpus_per_replica=tp, bound_replicas=max(r.start for r in results),
+        max_replicas=results[0].max_replicas,
+        price_usd_per_gpu_hour=price_usd_per_gpu_hour, num_seeds=len(results),
+        num_probes=sum(len(r.counts) for r in results))
+    messages = [note] if note else []
+    unmet = [r for r in results if r.num_replicas is None]
+    if unmet:
+        first = unmet[0]  # the first seed without an answer says why
+        last = first.probes[-1]
+        if first.everywhere:
+            status, why = "slo-unmet", (f"SLO fails at {rate:.4g} req/s with any number of replicas: "
+                                        + "; ".join(last.failures))
+        else:
+            most = first.max_replicas
+            status, why = "over-max", (f"cannot hold {rate:.4g} req/s with up to {most} replicas "
+                                       f"({most * tp} GPUs): at {first.counts[-1]}, "
+                                       + "; ".join(last.failures))
+        return ReplicaRow(**base, status=status, message="; ".join([*messages, why]))
+    counts = [r.num_replicas for r in results if r.num_replicas is not None]
+    at = [r.at_answer for r in results if r.at_answer is not None]
+    replicas = max(counts)
+    gpus = replicas * tp
+    tok_s = statistics.fmean(p.throughput_tok_s for p in at)
+    max_num_seqs = point.deployment.scheduler_config.max_num_seqs
+    return ReplicaRow(
+        **base, status="ok", num_replicas=replicas, replicas_ci_low=min(counts), replicas_ci_high=replicas,
+        num_gpus=gpus, usd_per_hour=price_usd_per_gpu_hour * gpus if price_usd_per_gpu_hour else None,
+        usd_per_m_output_tokens=usd_per_m_tokens(price_usd_per_gpu_hour, gpus, tok_s),
+        rate_per_gpu_req_s=rate / gpus, ttft_p99_s=_mean([p.ttft_p99_s for p in at]),
+        tpot_p99_s=_mean([p.tpot_p99_s for p in at]), throughput_tok_s=tok_s,
+        goodput_req_s=statistics.fmean(p.goodput_req_s for p in at),
+        limited_by="/".join(sorted({limited_by(p, max_num_seqs) for p in at})),
+        kv_used_peak=max((p.kv_used_peak for p in at if p.kv_used_peak is not None), default=None),
+        window_s=statistics.fmean(p.window_s for p in at), message="; ".join(messages),
+        window_note="; ".join(window_caveats(at)))
+
+
+def failed_row(point: SweepPoint) -> ReplicaRow:
+    """A point that could not be built (no allocator, no target: its workload was not read)."""
+    return ReplicaRow(point.index, point.knobs, "", None, "failed", message=point.error or "")
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.fmean(present) if present else None
+
+
+def write_replica_csv(path: Path, rows: Sequence[ReplicaRow]) -> None:
+    """One line per row: ``point``, the knobs (their union, in sweep order), then every field."""
+    knobs = list(dict.fromkeys(k for r in rows for k in r.knobs if k != "allocators"))
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["point", *knobs, *ROW_FIELDS])
+        for r in rows:
+            writer.writerow([r.point_index, *(csv_cell(r.knobs.get(k)) for k in knobs),
+                             *(csv_cell(getattr(r, name)) for name in ROW_FIELDS)])
+
+
+def _num(value: float | None, fmt: str = ".3g") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _range(r: ReplicaRow) -> str:
+    return f"[{r.replicas_ci_low}, {r.replicas_ci_high}]"
+
+
+# In display order; the answer (replicas, GPUs) never goes, then cost, then latency.
+COLUMNS: tuple[Column, ...] = (
+    Column("replicas", 0, lambda r: str(r.num_replicas)),
+    Column("range", 6, _range),
+    Column("GPUs", 0, lambda r: str(r.num_gpus)),
+    Column("$/h", 1, lambda r: _num(r.usd_per_hour, ",.2f")),
+    Column("$/M tok", 2, lambda r: _num(r.usd_per_m_output_tokens, ".3f")),
+    Column("TTFT p99", 3, lambda r: _num(r.ttft_p99_s)),
+    Column("TPOT p99", 4, lambda r: _num(r.tpot_p99_s)),
+    Column("req/s/GPU", 5, lambda r: _num(r.rate_per_gpu_req_s)),
+    Column("bound", 7, lambda r: str(r.bound_replicas)),
+)
+TARGET_COLUMN = Column("target req/s", 0, lambda r: _num(r.target_rate_req_s, ".4g"))
+
+
+def print_replica_table(console: Console, rows: Sequence[ReplicaRow], notes: dict[int, str],
+                        out_dir: Path | None, elapsed_s: float) -> list[str]:
+    """Print the table fitted to the console (one target: it goes to the title), the lines
+    under it (rows without an answer and why, window caveats, notes) and where the files went.
+    Returns the headers left out for width."""
+    targets = list(dict.fromkeys(r.target_rate_req_s for r in rows))
+    heading = TITLE
+    columns = COLUMNS
+    if len(targets) == 1 and targets[0] is not None:
+        heading += f" — target {targets[0]:.4g} req/s"
+    else:
+        columns = (TARGET_COLUMN, *COLUMNS)
+    dropped = print_fitted(console, heading, columns, rows, BLANK_STATUSES)
+    console.print("replicas: data-parallel copies of the TP group, least-outstanding routing; GPUs = "
+                  "replicas × TP; latencies measured at the target rate", markup=False)
+    for r in rows:
+        who = f"point {r.point_index}" + (f" {r.allocator}" if r.allocator else "")
+        who += f" at {r.target_rate_req_s:.4g} req/s" if len(targets) > 1 and r.target_rate_req_s else ""
+        if r.status != "ok":
+            console.print(f"{who} {r.status}: {r.message}", markup=False)
+        if r.window_note:
+            console.print(f"{who}: {r.window_note}", markup=False)
+    for note in sorted(set(notes.values())):
+        console.print(f"note: {note}", markup=False)
+    if out_dir is not None:
+        console.print(f"wrote {out_dir / 'capacity.csv'} and capacity.json ({elapsed_s:.1f} s)", markup=False)
+    return dropped
