@@ -15,7 +15,8 @@ A knob is any scenario key, dotted for nested ones (``latency.mem_efficiency``,
 ``--seeds``). A point whose scenario is invalid or whose deployment is impossible (the weights
 do not fit) becomes a failed point carrying its message; it does not stop the sweep.
 
-``engine`` is a knob like the others (``sweep: {engine: [vllm-v1, vllm-v0, sglang]}``); an SGLang
+``engine`` is a knob like the others (``sweep: {engine: [vllm-v1, vllm-v0, sglang]}``), and a
+scenario listing several engines (``engine: [vllm-v1, sglang]``) is swept over them; an SGLang
 point runs SGLang's own token pool (allocator ``paged``) whatever the allocators listed.
 """
 
@@ -79,6 +80,11 @@ def read_capacity_scenario(path: str | Path, overrides: dict[str, object] | None
     for key, value in (overrides or {}).items():
         set_dotted(data, key, value)
     scenario = parse_scenario(copy.deepcopy(data), where)
+    swept = {part for key in sweep for part in str(key).split("+")}
+    if len(scenario.engines) > 1 and "engine" not in swept:
+        # several engines (as simulate runs them side by side) are a sweep over them
+        sweep = {"engine": list(scenario.engines), **sweep}
+        data["engine"] = scenario.engines[0]
     slo = scenario.slo
     if slo is None:
         raise KvplanError(f"{where}: capacity needs an 'slo:' section "

@@ -133,3 +133,17 @@ def test_engine_is_a_capacity_sweep_knob_and_sglang_points_run_its_pool(tmp_path
     assert runs == {"vllm-v1": (("paged", "contiguous-max"), "vllm-v1"),
                     "vllm-v0": (("paged", "contiguous-max"), "vllm-v0"),
                     "sglang": (("paged",), "sglang")}
+
+
+def test_capacity_sweeps_a_scenario_that_lists_several_engines(tmp_path: Path) -> None:
+    from simulator.capacity.sweep import read_capacity_scenario, resolve_points
+
+    path = tmp_path / "cap.yaml"
+    path.write_text(json.dumps({**BASE, "engine": ["vllm-v1", "sglang"], "slo": {"ttft_p99_s": 1.0},
+                                "sweep": {"block_size": [16, 32]}}))
+    file = read_capacity_scenario(path)
+    assert file.sweep == {"engine": ["vllm-v1", "sglang"], "block_size": [16, 32]}
+    points = resolve_points(file)
+    assert [(p.knobs["engine"], p.knobs["block_size"], p.error) for p in points] == [
+        ("vllm-v1", 16, None), ("vllm-v1", 32, None), ("sglang", 16, None), ("sglang", 32, None)]
+    assert {p.scenario.allocators for p in points} == {("paged",)}
