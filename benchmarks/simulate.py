@@ -1,6 +1,7 @@
 """Simulator speed: quiet runs (macro-steps) against one step at a time, measured in the same run.
 
     python benchmarks/simulate.py [--quick] [--synthetic 1000000] [--repeats 2]
+                                  [--scale-replicas 4 --scale-replicas 64]
                                   [--engine vllm-v1 --engine sglang ...]
 
 Setups (CPU seconds, the best of ``--repeats``; the two ways alternate so that the machine's
@@ -11,9 +12,9 @@ load hits both alike):
   engine alone (``simulate()``) with ``macro_steps`` on and off, and the whole command
   (``kvplan simulate --no-plots``: start-up, trace, simulation, outputs) in a subprocess; for
   each serving engine (``--engine``, repeatable; default all three: vllm-v1, vllm-v0, sglang).
-* ``--synthetic N`` requests (chat-like lognormal lengths, Poisson at 60 req/s, 4 replicas of
-  Llama-3.1-8B on H100-80GB, paged): the scale check, the whole command, CPU seconds and peak
-  memory (skipped with ``--quick``).
+* ``--synthetic N`` requests (chat-like lognormal lengths, Poisson at 15 req/s per replica, on
+  4 and on 64 replicas of Llama-3.1-8B on H100-80GB, paged; ``--scale-replicas``): the scale
+  check, the whole command, wall and CPU seconds and peak memory (skipped with ``--quick``).
 
 Every run checks that both ways gave the same per-request times; the table prints the ratio and
 the load average.
@@ -59,10 +60,10 @@ seed: 0
 model: llama-3.1-8b
 gpu: h100-80gb
 allocators: [paged]
-num_replicas: 4
+num_replicas: {replicas}
 workload:
   num_requests: {n}
-  arrival: {{process: poisson, rate: 60.0}}
+  arrival: {{process: poisson, rate: {rate}}}
   prompt_tokens: {{dist: lognormal, mean: 1000, p99: 4000, max: 6000}}
   output_tokens: {{dist: lognormal, mean: 200, p99: 1000, max: 2000}}
 latency:
@@ -98,6 +99,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="skip the synthetic scale run")
     ap.add_argument("--synthetic", type=int, default=1_000_000, help="requests of the scale run")
+    ap.add_argument("--scale-replicas", type=int, action="append",
+                    help="replicas of a scale run (repeatable; default: 4 and 64)")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each way (the best counts)")
     ap.add_argument("--engine", action="append", choices=ENGINES,
                     help="serving engine of the Azure runs (repeatable; default: all)")
@@ -122,20 +125,22 @@ def main() -> int:
             cli = min(command_seconds(path, folder / "out")[0] for _ in range(args.repeats))
             rows.append((f"azure-conv {scale:g}x {engine}, engine", steps, best[False], best[True], None))
             rows.append((f"azure-conv {scale:g}x {engine}, kvplan simulate", steps, None, cli, None))
-        if not args.quick:
-            path = folder / "synthetic.yaml"
-            path.write_text(SYNTHETIC.format(n=args.synthetic))
+        for replicas in () if args.quick else (args.scale_replicas or [4, 64]):
+            path = folder / f"synthetic-{replicas}.yaml"
+            path.write_text(SYNTHETIC.format(n=args.synthetic, replicas=replicas, rate=15.0 * replicas))
+            wall = time.perf_counter()
             secs, peak = command_seconds(path, folder / "out")
-            rows.append((f"synthetic {args.synthetic:,}, 4 replicas vllm-v1, kvplan simulate", None, None,
-                         secs, peak))
+            wall = time.perf_counter() - wall
+            rows.append((f"synthetic {args.synthetic:,}, {replicas} replicas vllm-v1, kvplan simulate "
+                         f"({wall:.0f} s wall)", None, None, secs, peak))
     load_after = os.getloadavg()
-    print(f"{'run':<56} {'steps':>9} {'1 step (s)':>10} {'quiet (s)':>10} {'ratio':>7} {'peak MiB':>9}")
+    print(f"{'run':<68} {'steps':>9} {'1 step (s)':>10} {'quiet (s)':>10} {'ratio':>7} {'peak MiB':>9}")
     for name, steps, single, quiet, peak in rows:
         cells = [f"{steps:>9,}" if steps else " " * 9,
                  f"{single:>10.2f}" if single else " " * 10, f"{quiet:>10.2f}",
                  f"{single / quiet:>6.2f}x" if single else " " * 7,
                  f"{peak:>9.0f}" if peak else ""]
-        print(f"{name:<56} " + " ".join(cells))
+        print(f"{name:<68} " + " ".join(cells))
     print(f"CPU seconds (user + system), best of {args.repeats}; the per-request times are equal both "
           f"ways. Load average {load_before[0]:.2f} before, {load_after[0]:.2f} after, on "
           f"{os.cpu_count()} CPUs.")
