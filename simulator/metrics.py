@@ -171,7 +171,8 @@ def summarize(result: SimResult, requests: Any, steps: Any, capacity_tokens: int
     queried = sum(s.prefix_query_tokens for s in schedulers)
     reasons = Counter(str(x).split(":", 1)[0] for x in np.asarray(cols["reject_reason"], dtype=object)[rejected])
     ext_blocked = sum(1 for g in result.groups if g is not None and g.blocked_by_external_fragmentation)
-    return {
+    tiers = [rep.allocator for rep in result.replicas if getattr(rep.allocator, "offload_blocks", 0)]
+    summary = {
         "completed": num_finished,
         "rejected": int(rejected.sum()),
         "rejected_by_reason": dict(sorted(reasons.items())),
@@ -196,3 +197,12 @@ def summarize(result: SimResult, requests: Any, steps: Any, capacity_tokens: int
         "readmission_hit_tokens": int(sum(s.readmission_hit_tokens for s in schedulers)),
         "kv": kv,
     }
+    if tiers:  # kv_offload: each tier's hit tokens (every admission) over the prompt tokens queried
+        bs, asked = tiers[0].block_size, queried or 1
+        summary["kv_offload"] = {
+            "hbm_hit_rate": sum(a.num_hit_blocks for a in tiers) * bs / asked,
+            "cpu_hit_rate": sum(a.num_offload_hit_blocks for a in tiers) * bs / asked,
+            "loaded_blocks": sum(a.num_offload_hit_blocks for a in tiers),
+            "stored_blocks": sum(a.num_offload_stored_blocks for a in tiers),
+            "cpu_evicted_blocks": sum(a.num_offload_evictions for a in tiers)}
+    return summary

@@ -195,6 +195,13 @@ class KVAllocator(ABC):
         """Prompt tokens a new sequence would find in the prefix cache (none without one)."""
         return 0
 
+    def take_loaded_blocks(self) -> int:
+        """Blocks loaded from a KV offload tier below HBM since the last call, which resets the
+        count: the scheduler adds them to its step's host-to-device copies. The default, 0, is
+        every allocator's without such a tier (:class:`~simulator.kv.paged.PagedAllocator` has
+        one under ``kv_offload``)."""
+        return 0
+
     def free_blocks_for_growth(self) -> int:
         """How many single-block appends — each by a different sequence whose last block is
         private and full — are guaranteed to succeed now, whatever order they come in.

@@ -28,6 +28,43 @@ Orderings that matter:
   evictable list is an ordered dict (a doubly linked list underneath), so a cache hit takes a block
   out of the middle without a scan.
 
+**The CPU offload tier** (``offload_blocks > 0``, scenario key ``kv_offload``) models vLLM's
+OffloadingConnector with its CPU backend (vllm/distributed/kv_transfer/kv_connector/v1/
+offloading/scheduler.py, ``OffloadingConnectorScheduler``; vllm/v1/kv_offload/cpu/manager.py,
+``CPUOffloadingManager``; newest versions read):
+
+* *What is stored, when.* Write-through, not on eviction: every step the connector hands each
+  scheduled request's newly full blocks to ``prepare_store`` (``_get_reqs_to_store``), which
+  skips hashes already stored. So a block is copied to CPU as soon as it is full and computed,
+  and stays in HBM's prefix cache too: **a hash may be in both tiers** (HBM eviction does not
+  touch the CPU tier). Here the store happens where the block's hash is registered in HBM's
+  cache (``_register_hashes``), with the same range: from the first block not yet stored (block
+  0 for a request that loaded nothing: ``_next_stored_block_idx`` starts at 0, so HBM hits
+  missing from the CPU tier are stored again) to the last full one.
+* *Eviction.* LRU over hashes (vllm/v1/kv_offload/cpu/policies/lru.py, ``LRUCachePolicy``): a
+  store that does not fit drops the least recently used hashes, never one of the blocks being
+  stored (``protected``); if even that cannot make room the store is skipped
+  (``prepare_store`` returns ``None``). After a store, the request's blocks from the first are
+  touched in reverse order, so its first block is the most recently used (``touch``).
+* *Lookup order.* HBM's cache first, then the CPU tier from the first HBM miss on
+  (``get_num_new_matched_tokens(request, num_computed_tokens)``: ``manager.lookup`` of the
+  hashes from ``num_computed_tokens // block_size``), counting consecutive hits. Capped, like
+  HBM hits, to leave the last prompt token to compute (vLLM loads that block and recomputes the
+  token: vllm/v1/core/sched/scheduler.py, ``_update_waiting_for_remote_kv``).
+* *Loads.* A CPU hit needs a fresh HBM block (``update_state_after_alloc`` loads into the
+  blocks the scheduler allocated), which becomes a cached HBM block again. vLLM loads them
+  asynchronously before the request's first step; here they are counted
+  (:meth:`take_loaded_blocks`) and the scheduler adds them to the admitting step's
+  ``num_swap_in_blocks``, costed over PCIe like a swap-in. The request's hashes are touched at
+  its admission (vLLM touches them at every ``get_num_new_matched_tokens`` call).
+* Simplified: stores complete at once (vLLM's become loadable when the worker reports them
+  done), and the offloaded block is the GPU block (the default: ``offloaded_block_size`` is
+  the GPU block size unless ``block_size`` is set, vllm/v1/kv_offload/spec.py,
+  ``OffloadingSpec.__init__``).
+
+The tier holds hashes only: ``OrderedDict`` hash -> None, least recently used first. Off, it is
+``None`` and costs one ``is not None`` test per registration and per allocation.
+
 Where the time goes: the simulator calls ``tokens_until_append`` once per block boundary and
 ``append`` only where it says so, so the hot paths are a private last block growing by one block
 (from the free list, or by evicting one cached block) and ``allocate``/``free`` of whole prompts.
@@ -52,11 +89,16 @@ from simulator.kv.allocator import (
 class PagedAllocator(KVAllocator):
     forks_share_memory = True
 
-    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False):
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
+                 offload_blocks: int = 0):
+        """``offload_blocks``: size of the CPU offload tier in blocks (0: none); it needs prefix
+        caching, whose block hashes it stores."""
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
+        if offload_blocks < 0 or (offload_blocks and not enable_prefix_caching):
+            raise ValueError(f"offload_blocks {offload_blocks} needs to be >= 0, and prefix caching")
         super().__init__()
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -83,6 +125,14 @@ class PagedAllocator(KVAllocator):
         self.num_evictions = 0
         self.num_hit_blocks = 0
         self.num_queried_blocks = 0
+        # the CPU offload tier (module docstring): hash -> None, least recently used first
+        self.offload_blocks = offload_blocks
+        self._offload: OrderedDict[int, None] | None = OrderedDict() if offload_blocks else None
+        self._offload_next: dict[int, int] = {}  # seq -> its first block not yet stored
+        self._loaded_blocks = 0  # loaded from the CPU tier since take_loaded_blocks()
+        self.num_offload_hit_blocks = 0  # CPU-tier hits (= blocks loaded), all admissions
+        self.num_offload_stored_blocks = 0
+        self.num_offload_evictions = 0
 
     # ------------------------------------------------------------------ queries
     def num_free_blocks(self) -> int:
@@ -151,7 +201,10 @@ class PagedAllocator(KVAllocator):
         if not block_hashes or not self.enable_prefix_caching:
             return 0
         max_blocks = (num_prompt_tokens - 1) // self.block_size
-        return len(self._leading_hits(block_hashes, max_blocks)) * self.block_size
+        hits = len(self._leading_hits(block_hashes, max_blocks))
+        if self._offload is not None:  # HBM first, then the CPU tier from the first miss on
+            hits += self._offload_hits(block_hashes, hits, max_blocks)
+        return hits * self.block_size
 
     def cache_blocks(self, seq_id: int, block_hashes: Sequence[int], num_tokens: int) -> None:
         """Register the sequence's blocks that its first ``num_tokens`` tokens fill under
@@ -188,6 +241,65 @@ class PagedAllocator(KVAllocator):
         """Flat pool slots (block * block_size + offset) of positions start .. start+num_tokens-1."""
         table, bs = self.block_tables[seq_id], self.block_size
         return [table[p // bs] * bs + p % bs for p in range(start, start + num_tokens)]
+
+    def take_loaded_blocks(self) -> int:
+        """Blocks loaded from the CPU offload tier since the last call (and reset to 0)."""
+        n = self._loaded_blocks
+        self._loaded_blocks = 0
+        return n
+
+    # ------------------------------------------------------------------ CPU offload tier
+    def _offload_hits(self, block_hashes: Sequence[int], start: int, max_blocks: int) -> int:
+        """Consecutive hashes from ``start`` (below ``max_blocks``) held by the CPU tier
+        (vLLM's ``OffloadingManager.lookup`` of the hashes after the HBM hit)."""
+        tier = self._offload
+        n = 0
+        for h in block_hashes[start:max_blocks]:
+            if h not in tier:  # type: ignore[operator]
+                break
+            n += 1
+        return n
+
+    def _offload_touch(self, block_hashes: Sequence[int]) -> None:
+        """Make the held ones of ``block_hashes`` the most recently used, the first one last
+        (vllm/v1/kv_offload/cpu/policies/lru.py, ``LRUCachePolicy.touch``: reversed order)."""
+        tier = self._offload
+        move = tier.move_to_end  # type: ignore[union-attr]
+        for h in reversed(block_hashes):
+            if h in tier:  # type: ignore[operator]
+                move(h)
+
+    def _offload_store(self, seq_id: int, hashes: Sequence[int], upto: int) -> None:
+        """Store the sequence's full blocks up to ``upto`` not stored yet, as the connector's
+        ``_get_reqs_to_store`` and ``CPUOffloadingManager.prepare_store`` do: skip hashes the
+        tier holds, make room by dropping least recently used hashes other than this range's,
+        give up (retried at the next store) when that cannot make room, touch the sequence's
+        blocks."""
+        tier = self._offload
+        assert tier is not None
+        start = self._offload_next.get(seq_id, 0)
+        new = [h for h in hashes[start:upto] if h not in tier]
+        if new:
+            over = len(tier) + len(new) - self.offload_blocks
+            if over > 0:
+                protected = set(hashes[start:upto])
+                victims = []
+                for h in tier:  # least recently used first
+                    if h not in protected:
+                        victims.append(h)
+                        if len(victims) == over:
+                            break
+                if len(victims) < over:
+                    return  # prepare_store returns None: nothing stored, nothing advanced
+                for h in victims:
+                    del tier[h]
+                self.num_offload_evictions += over
+            for h in new:
+                tier[h] = None
+            self._offload_touch(hashes[:upto])
+            self.num_offload_stored_blocks += len(new)
+            self.cache_generation += 1
+        self._offload_next[seq_id] = upto
 
     # ------------------------------------------------------------------ block pool
     def _take_block(self) -> int:
@@ -247,6 +359,8 @@ class PagedAllocator(KVAllocator):
         done = self._num_hashed[seq_id]
         bs = self.block_size
         upto = min(len(hashes), num_tokens // bs)
+        if self._offload is not None and upto > self._offload_next.get(seq_id, 0):
+            self._offload_store(seq_id, hashes, upto)
         if upto <= done:
             return
         table, cache, block_hash = self.block_tables[seq_id], self._cache, self.block_hash
@@ -288,12 +402,21 @@ class PagedAllocator(KVAllocator):
             return None
         hits = self._leading_hits(block_hashes, max(num_tokens - 1, 0) // bs)
         evictable_hits = sum(1 for b in hits if self.ref_count[b] == 0)
+        # CPU-tier hits need fresh blocks like any miss: counted in need - len(hits) already
         if need - len(hits) + evictable_hits > self.num_free_blocks():
             self.last_failure = AllocFailure.NO_SPACE
             return None
+        loaded = 0
         if block_hashes and self.enable_prefix_caching:
             self.num_queried_blocks += min(len(block_hashes), max(num_tokens - 1, 0) // bs)
             self.num_hit_blocks += len(hits)
+            if self._offload is not None:
+                self._offload_touch(block_hashes)
+                loaded = self._offload_hits(block_hashes, len(hits), max(num_tokens - 1, 0) // bs)
+                # vLLM stores from block 0 unless it loaded (_next_stored_block_idx)
+                self._offload_next[seq_id] = len(hits) + loaded if loaded else 0
+                self._loaded_blocks += loaded
+                self.num_offload_hit_blocks += loaded
         for b in hits:  # claim the hits before taking new blocks: eviction must not reach them
             self._share(b)
         num_new = need - len(hits)
@@ -326,7 +449,7 @@ class PagedAllocator(KVAllocator):
             if len(hits) < len(block_hashes):
                 self._hash_due[seq_id] = (len(hits) + 1) * bs
             self._register_hashes(seq_id, num_tokens)
-        return Allocation(seq_id, len(hits) * bs, need * bs)
+        return Allocation(seq_id, (len(hits) + loaded) * bs, need * bs)
 
     def append(self, seq_id: int, num_tokens: int) -> AppendResult | None:
         table = self.block_tables[seq_id]
@@ -483,6 +606,8 @@ class PagedAllocator(KVAllocator):
         self._num_hashed.pop(seq_id, None)
         self._hash_due.pop(seq_id, None)
         self._fork_family.discard(seq_id)
+        if self._offload is not None:
+            self._offload_next.pop(seq_id, None)
 
     # ------------------------------------------------------------------ invariants
     def check_invariants(self) -> None:
@@ -521,6 +646,15 @@ class PagedAllocator(KVAllocator):
             for seq_id, table in self.block_tables.items():
                 if seq_id not in self._fork_family:
                     assert all(refs[b] == 1 for b in table), f"sequence {seq_id} shares, unforked"
+        if self._offload is None:
+            assert not self.offload_blocks and not self._offload_next and not self._loaded_blocks
+        else:
+            # no disjointness to check: vLLM's stores are write-through, so a hash is in both
+            # tiers while HBM's cache keeps it (module docstring)
+            assert len(self._offload) <= self.offload_blocks, "CPU tier over its size"
+            assert self._offload_next.keys() <= self.block_tables.keys(), "store index of a freed seq"
+            for seq_id, nxt in self._offload_next.items():
+                assert nxt <= self.num_tokens[seq_id] // bs, f"sequence {seq_id} stored unwritten blocks"
         dup = saved = 0
         for b in used:
             assert 0 < self.fill[b] <= bs or refs[b] == 1, f"shared block {b} with fill {self.fill[b]}"

@@ -171,8 +171,11 @@ class RooflineLatency:
                  moe_flops_efficiency: float | None = None, step_overhead_s: float | None = None,
                  prefill_overhead_s: float | None = None,
                  allreduce_latency_s: float | None = None,
-                 request_overhead_s: float | None = None) -> None:
+                 request_overhead_s: float | None = None,
+                 host_bandwidth_bytes_s: float | None = None) -> None:
         """``constants`` default to the fitted ones for ``gpu``; each keyword overrides one.
+        ``host_bandwidth_bytes_s``: the host link's rate for KV block copies (swap, and loads
+        from a ``kv_offload`` tier, which share ``num_swap_in_blocks``); default: the GPU's PCIe.
         Raises KvplanError for efficiencies outside (0, 1], negative times, block_size < 1
         or a tp that does not divide the model's heads."""
         base = constants if constants is not None else default_constants(gpu)
@@ -202,7 +205,8 @@ class RooflineLatency:
             hbm_bytes_s=gpu.hbm_bandwidth_bytes_s, gemm_flops_s=self.peak_flops,
             attention_flops_s=_peak_flops(gpu, "fp32" if self._act_bytes == 4 else "bf16"),
             interconnect_bytes_s=gpu.interconnect_bandwidth_bytes_s,
-            pcie_bytes_s=gpu.pcie_bandwidth_bytes_s, gemm_8bit=self.gemm_dtype in ("fp8", "int8"))
+            pcie_bytes_s=host_bandwidth_bytes_s or gpu.pcie_bandwidth_bytes_s,
+            gemm_8bit=self.gemm_dtype in ("fp8", "int8"))
 
         self._dense_weight_bytes = self.weight_format.dense_weight_bytes / tp
         self._expert_bytes = self.weight_format.expert_bytes / tp
@@ -352,7 +356,7 @@ class RooflineLatency:
             "fp8_flops_efficiency": c.fp8_flops_efficiency,
             "moe_flops_efficiency": c.moe_flops_efficiency,
             "interconnect_bandwidth_bytes_s": self.gpu.interconnect_bandwidth_bytes_s,
-            "pcie_bandwidth_bytes_s": self.gpu.pcie_bandwidth_bytes_s,
+            "pcie_bandwidth_bytes_s": self.rates.pcie_bytes_s,
             "allreduce_latency_s": c.allreduce_latency_s,
             "step_overhead_s": c.step_overhead_s,
             "prefill_overhead_s": c.prefill_overhead_s,

@@ -478,6 +478,7 @@ class Scheduler:
     def _plan(self, d: int, chunks: list[PrefillChunk]) -> StepPlan:
         n, s1, s2 = self._n_dec, self._s1, self._s2
         bs = self.config.block_size
+        swap_in = self._swap_in_tokens // bs + self.alloc.take_loaded_blocks()  # + kv_offload loads
         copies = self._copies
         if copies and self._preempted:  # a copy for a sequence preempted later this step is void
             copies = [c for c in copies if c[0] in self.alloc]
@@ -486,7 +487,7 @@ class Scheduler:
             return StepPlan(
                 self.step_id, tuple(chunks), n, s1 + n, float(s2 + 2 * s1 + n),
                 self._max_context(d) + 1 if n else 0, self._swap_out_tokens // bs,
-                self._swap_in_tokens // bs, (), self._copy_tokens, tuple(self._preempted), details,
+                swap_in, (), self._copy_tokens, tuple(self._preempted), details,
             )
         return StepPlan(
             step_id=self.step_id,
@@ -496,7 +497,7 @@ class Scheduler:
             decode_context_sq=float(s2 + 2 * s1 + n),
             decode_max_context=self._max_context(d) + 1 if n else 0,
             num_swap_out_blocks=self._swap_out_tokens // bs,
-            num_swap_in_blocks=self._swap_in_tokens // bs,
+            num_swap_in_blocks=swap_in,
             cow_copies=tuple((src, dst) for _, src, dst, _ in copies),
             num_copy_tokens=self._copy_tokens + sum(t for *_, t in copies),
             preempted=tuple(self._preempted),
