@@ -61,8 +61,11 @@ class Deployment:
                                   enable_prefix_caching=cfg.enable_prefix_caching,
                                   eviction_policy=cfg.radix_eviction_policy)
         if name == "paged":
+            offload = self.scenario.kv_offload  # vllm/v1/kv_offload/cpu/spec.py: whole-replica blocks
             return PagedAllocator(self.num_blocks, cfg.block_size,
-                                  enable_prefix_caching=cfg.enable_prefix_caching)
+                                  enable_prefix_caching=cfg.enable_prefix_caching,
+                                  offload_blocks=int(offload.size_gib * GIB) // (
+                                      self.capacity.block_bytes * self.capacity.tp) if offload else 0)
         policy = name.removeprefix("contiguous-")
         return ContiguousAllocator(self.capacity_tokens, policy=policy,  # type: ignore[arg-type]
                                    max_model_len=cfg.max_model_len)
@@ -179,6 +182,9 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
     (unless ``scenario.allow_refused``), is a one-line KvplanError naming ``where``. Warnings are
     emitted as KvplanWarning and kept in :attr:`Deployment.warnings`. One engine: a scenario
     listing several is built per engine (:meth:`Scenario.for_engine`)."""
+    if scenario.disaggregation is not None:  # simulator/disagg.py builds each pool's
+        raise KvplanError(f"{where}: disaggregation: not yet supported here (only `simulate` "
+                          "runs it)")
     if not isinstance(scenario.engine, str):
         raise KvplanError(f"{where}: engine: {', '.join(scenario.engine)}: list several engines "
                           "only for `simulate`; elsewhere give one (capacity: sweep: {engine: [...]})")
@@ -260,4 +266,6 @@ def _latency_model(scenario: Scenario, base_dir: Path, model: ModelConfig, gpu: 
         moe_flops_efficiency=spec.moe_flops_efficiency,
         step_overhead_s=spec.step_overhead_s, prefill_overhead_s=spec.prefill_overhead_s,
         allreduce_latency_s=spec.allreduce_latency_s, request_overhead_s=spec.request_overhead_s,
+        host_bandwidth_bytes_s=scenario.kv_offload.bandwidth_gb_s * 1e9
+        if scenario.kv_offload and scenario.kv_offload.bandwidth_gb_s else None,
     )

@@ -163,6 +163,10 @@ def run_simulate(path: str, *, out: str | None, overrides: dict[str, object], qu
                  plots: bool = True, force_profile: bool = False, steps: str = "bins",
                  step_bin_s: float = DEFAULT_BIN_S) -> tuple[Path, dict[str, Any]]:
     scenario, base_dir = load_scenario(path, overrides)
+    if scenario.disaggregation is not None:
+        from simulator.disagg import run_disaggregated
+        return run_disaggregated(scenario, base_dir, path, out=out, quiet=quiet, plots=plots,
+                                 force_profile=force_profile, steps=steps, step_bin_s=step_bin_s)
     deps = {e: build_deployment(scenario.for_engine(e), base_dir, force_profile=force_profile,
                                 where=path) for e in scenario.engines}
     dep = next(iter(deps.values()))
@@ -199,10 +203,13 @@ def run_simulate(path: str, *, out: str | None, overrides: dict[str, object], qu
 
 
 def write_outputs(out_dir: Path, scenario: Scenario, dep: Deployment, runs: list[AllocatorRun],
-                  *, plots: bool, deployments: dict[str, Deployment] | None = None) -> None:
+                  *, plots: bool, deployments: dict[str, Deployment] | None = None,
+                  num_replicas: int | None = None) -> None:
     """Write summary.json, run.json, requests.csv, steps.csv and the plots into ``out_dir``
     (a staging folder of :func:`simulator.outputs.open_output`: nobody else writes there).
-    With several engines, run.json also has each engine's deployment under ``deployments``."""
+    With several engines (or the pools of a disaggregated run), run.json also has each one's
+    deployment under ``deployments``. ``num_replicas``: the replicas the step rows number
+    (default: the scenario's)."""
     summary = {r.name: r.summary for r in runs}
     report.write_json(out_dir / "summary.json", summary)
     meta: dict[str, Any] = {
@@ -232,5 +239,5 @@ def write_outputs(out_dir: Path, scenario: Scenario, dep: Deployment, runs: list
         write_plots(out_dir, steps, requests, summary, title=title,
                     slo_ttft_p99_s=slo.ttft_p99_s if slo else None,
                     slo_tpot_p99_s=slo.tpot_p99_s if slo else None)
-        write_replica_plot(out_dir, steps, requests, scenario.num_replicas, title=title,
+        write_replica_plot(out_dir, steps, requests, num_replicas or scenario.num_replicas, title=title,
                            policy=scenario.router.policy)

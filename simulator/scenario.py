@@ -20,6 +20,7 @@
     enable_chunked_prefill: true
     enable_prefix_caching: false   # default: true for vllm-v1 and sglang, false for vllm-v0
     swap_space: 4                  # GiB of CPU memory per GPU for swapped-out KV
+    kv_offload: {size_gib: 64}     # a CPU tier below HBM's prefix cache (vLLM's OffloadingConnector)
     preemption_mode: recompute
     latency: {model: roofline}     # or {model: profile, profile: profiles/h100-llama-3.1-8b.yaml}
     workload: {trace: bundled:azure-conv}
@@ -151,6 +152,47 @@ class RouterSpec(_Spec):
                             **extra)
 
 
+class PoolSpec(_Spec):
+    """One side of ``disaggregation:``: its replicas, and the GPU and tensor parallelism they run
+    (None: the scenario's ``gpu`` / ``tensor_parallel``)."""
+
+    replicas: Annotated[int, Field(ge=1, le=4096)] = 1
+    gpu: str | None = None
+    tensor_parallel: Annotated[int, Field(ge=1, le=64)] | None = None
+
+
+class LinkSpec(_Spec):
+    """The KV link of each prefill replica: one transfer at a time, ``latency_s`` plus the
+    request's KV bytes over ``bandwidth_gb_s`` (10^9 bytes per second)."""
+
+    bandwidth_gb_s: Annotated[float, Field(gt=0)]
+    latency_s: Annotated[float, Field(ge=0, le=60)] = 0.0
+
+
+class DisaggregationSpec(_Spec):
+    """``disaggregation:``: prefill and decode on separate replicas, the prompt's KV moved between
+    them (simulator/disagg.py)."""
+
+    prefill: PoolSpec
+    decode: PoolSpec
+    link: LinkSpec
+
+
+class KVOffloadSpec(_Spec):
+    """``kv_offload:``: a CPU tier below HBM's prefix cache, per replica, as vLLM's
+    OffloadingConnector with its CPU backend keeps it (rules: simulator/kv/paged.py). Engines
+    vllm-v1 and vllm-v0, allocator ``paged`` (contiguous allocators run without it). SGLang's
+    counterpart, HiCache (a host-memory radix tree below the device one, written through or
+    back, loaded before the prefill: python/sglang/srt/mem_cache/hiradix_cache.py), is not
+    modelled."""
+
+    # CPU memory for the whole replica (every rank's share of a block): vLLM's
+    # cpu_bytes_to_use // (page bytes x layers x world_size) blocks (vllm/v1/kv_offload/cpu/spec.py)
+    size_gib: Annotated[float, Field(ge=0, le=1 << 20)] = 64.0
+    # host-to-device rate of loads, GB/s per GPU; None = the GPU's PCIe (simulator/kv/gpus.py)
+    bandwidth_gb_s: Annotated[float, Field(gt=0, le=100_000)] | None = None
+
+
 class Scenario(_Spec):
     name: str = ""
     description: str = ""
@@ -203,6 +245,9 @@ class Scenario(_Spec):
     # simulate a deployment vLLM would refuse to start (simulator/refusals.py): the refusal
     # becomes a warning and a note in run.json instead of an error
     allow_refused: bool = False
+    # prefill/decode disaggregation (simulator/disagg.py): engine vllm-v1, allocator paged
+    disaggregation: DisaggregationSpec | None = None
+    kv_offload: KVOffloadSpec | None = None
 
     @field_validator("engine", mode="before")
     @classmethod
@@ -248,9 +293,31 @@ class Scenario(_Spec):
                              "recompute only (swap is engine vllm-v0's)")
         if "sglang" in engines and "paged" not in self.allocators:
             raise ValueError("engine sglang runs its own token pool, allocator paged: list it")
+        if self.disaggregation is not None:
+            if engines != ("vllm-v1",):
+                raise ValueError(f"disaggregation: engine vllm-v1 only, not {', '.join(engines)}")
+            if self.allocators != ("paged",):
+                raise ValueError("disaggregation: allocators must be [paged] (the prompt's KV "
+                                 "moves as blocks)")
+            if self.num_replicas != 1:
+                raise ValueError("disaggregation: give replicas under disaggregation.prefill and "
+                                 f".decode, not num_replicas ({self.num_replicas})")
         if engines == ("sglang",) and self.allocators != ("paged",):
             raise ValueError("engine sglang manages its own token pool: allocators must be "
                              "[paged] (compare contiguous reservation under engine vllm-v0)")
+        return self
+
+    @model_validator(mode="after")
+    def _kv_offload(self) -> Scenario:
+        """The tier stores prefix-cache block hashes, under vLLM's schedulers only."""
+        if self.kv_offload is None:
+            return self
+        if "sglang" in self.engines:
+            raise ValueError("kv_offload is modelled for vLLM engines (vllm-v1, vllm-v0), not sglang")
+        if self.enable_prefix_caching is False or (
+                self.enable_prefix_caching is None and "vllm-v0" in self.engines):
+            raise ValueError("kv_offload needs enable_prefix_caching: true (its blocks are the "
+                             "prefix cache's; vllm-v0 defaults it off)")
         return self
 
     @field_validator("quantization")

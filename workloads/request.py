@@ -13,6 +13,9 @@ class Request:
     (e.g. Mooncake's ``hash_ids`` of 512-token blocks, or a synthetic system prompt's ids):
     two requests whose ``prefix_ids`` share a leading run share that much prompt prefix, so
     a paged allocator with prefix caching can reuse those KV blocks. Empty = no prefix info.
+
+    ``kv_ready_tokens``: the first that many prompt tokens already have their KV computed by
+    another replica (prefill/decode disaggregation); 0, the default, changes nothing.
     """
 
     request_id: int
@@ -23,6 +26,9 @@ class Request:
     beam_width: int = 1  # beam search width (1 = no beam search)
     prefix_ids: tuple[int, ...] = ()
     prefix_block_tokens: int = 0  # tokens named by one prefix id (0 when prefix_ids is empty)
+    # leading prompt tokens whose KV arrives computed from elsewhere (a disaggregated prefill
+    # replica, simulator/disagg.py): admitted with blocks for them, not computed (V1 only)
+    kv_ready_tokens: int = 0
 
     @property
     def num_seqs(self) -> int:

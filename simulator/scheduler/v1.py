@@ -40,6 +40,20 @@ The rules, each with the function it comes from:
   allocation when some request is already scheduled (``KVCacheManager.allocate_slots``,
   ``has_scheduled_reqs``), in the full-ISL check and in the allocation itself. Paged pools only
   (a contiguous region has no blocks to keep free).
+* A request whose prompt KV was computed elsewhere (``Request.kv_ready_tokens``: the decode
+  side of prefill/decode disaggregation, simulator/disagg.py) is admitted, at its first
+  admission only, as vLLM's NixlConnector has it: ``get_num_new_matched_tokens``
+  (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py, NixlConnectorScheduler)
+  reports every prompt token not found locally as external, the waiting loop of
+  ``Scheduler.schedule`` allocates blocks for the local and external tokens together
+  (``allocate_slots(..., num_external_computed_tokens=...)``), so the full-ISL and watermark
+  checks count them, and once the KV has arrived ``_update_waiting_for_remote_kv`` sets the
+  computed tokens to ``request.num_tokens - 1`` when the whole prompt arrived: the last prompt
+  token is recomputed, which yields the decode side's first token. ``update_state_after_alloc``
+  clears ``do_remote_prefill`` (one transfer per request): a preempted request recomputes
+  like any other. The pull itself (WAITING_FOR_REMOTE_KVS, blocks held during it) is the
+  caller's: the request arrives here when its transfer is done. Only local hits count as
+  prefix-cache hits.
 * ``max_num_partial_prefills``: V1's scheduler never reads it; ``SchedulerConfig.__post_init__``
   turns a value above 1 into a default ``long_prefill_token_threshold`` of 4% of
   ``max_model_len`` when none is set, and that is all it does in V1.
@@ -262,7 +276,10 @@ class V1Scheduler(Scheduler):
                 break
             g = waiting[0]
             target = g.num_prefill_target  # request.num_tokens: prompt (+ generated on recompute)
-            cached = self._cached_prefix(g, target) if g.block_hashes else 0
+            local = cached = self._cached_prefix(g, target) if g.block_hashes else 0
+            ready = g.request.kv_ready_tokens
+            if ready and not g.num_admissions:  # remote KV: computed, but the last token is not
+                cached = max(local, min(ready, target - 1))
             n = target - cached
             if 0 < threshold < n:
                 n = threshold
@@ -273,7 +290,7 @@ class V1Scheduler(Scheduler):
             # KVCacheManager.allocate_slots: the watermark applies to a waiting (or preempted)
             # request when some request is already scheduled (has_scheduled_reqs=bool(running))
             reserve = self._watermark_blocks if self.running else 0
-            if cfg.scheduler_reserve_full_isl and cached + n < target and not self._fits_whole(g, cached, reserve):
+            if cfg.scheduler_reserve_full_isl and cached + n < target and not self._fits_whole(g, local, reserve):
                 self.num_kv_refusals += 1
                 break
             if reserve and not self._cache_pool.can_allocate(cached + n, g.final_tokens, g.block_hashes,
@@ -290,10 +307,11 @@ class V1Scheduler(Scheduler):
                     if family is not None:
                         family.parent.blocked_by_external_fragmentation = True
                 break
-            assert got.num_cached_tokens == cached, (got.num_cached_tokens, cached)
+            assert got.num_cached_tokens == local, (got.num_cached_tokens, local)
             waiting.popleft()
             g.seq_ids = [seq]
-            self._start_prefill(g, seq, target, cached)
+            self._start_prefill(g, seq, target, local)  # prefix hits: the local ones only
+            g.num_computed = cached
             family = self._family_of.get(g.request_id) if self._family_of else None
             if family is None:
                 self.newly_admitted.append(g)

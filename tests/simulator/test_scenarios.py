@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from simulator.deployment import build_deployment
+from simulator.disagg import build_pools
 from simulator.run import run_simulate, scenario_overrides
 from simulator.scenario import load_scenario
 
@@ -43,9 +44,13 @@ def test_there_are_scenarios():
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_scenario_builds_a_deployment(path, tmp_path):
     scenario, base_dir = load_scenario(base_scenario(path, tmp_path))
-    for engine in scenario.engines:  # a scenario comparing engines builds one per engine
-        dep = build_deployment(scenario.for_engine(engine), base_dir)
+    if scenario.disaggregation is not None:  # a prefill pool and a decode pool
+        deps = list(build_pools(scenario, base_dir))
+    else:  # a scenario comparing engines builds one per engine
+        deps = [build_deployment(scenario.for_engine(engine), base_dir) for engine in scenario.engines]
+    for dep in deps:
         d = dep.describe()
+        engine = dep.scheduler_config.engine
         assert d["engine"] == engine
         assert d["num_blocks"] > 0 and d["kv_capacity_tokens"] == d["num_blocks"] * d["block_size"]
         assert d["bytes_per_token"] > 0 and d["available_kv_gib"] > 0
