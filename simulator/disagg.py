@@ -286,7 +286,8 @@ def run_disaggregated(scenario: Scenario, base_dir: Path, path: str, *, out: str
     if not quiet:
         console = Console() if sys.stdout.isatty() else Console(width=120)
         report.print_summary(console, summary, decode.describe(), f"{scenario.name} (decode pool)",
-                             out_dir, engines=[prefill.describe(), decode.describe()])
+                             out_dir, engines=[{**prefill.describe(), "pool": "prefill pool"},
+                                              {**decode.describe(), "pool": "decode pool"}])
         console.print(transfer_line(run.summary["disaggregation"]))
     return out_dir, summary
 

@@ -95,7 +95,8 @@ def summary_table(summary: dict[str, dict[str, Any]], title: str) -> Table:
 
 def print_summary(console: Console, summary: dict[str, dict[str, Any]], deployment: dict[str, Any],
                   title: str, out_dir: Path, *, engines: list[dict[str, Any]] | None = None) -> None:
-    """The run's headline table; ``engines``: each engine's deployment when several ran."""
+    """The run's headline table; ``engines``: each engine's deployment when several ran (or each
+    pool's, labelled by its ``pool`` key, in a disaggregated run)."""
     d = deployment
     console.print(
         f"[bold]{title}[/bold]: {d['model']} on {d['gpu']} × TP {d['tensor_parallel']}"
@@ -104,7 +105,7 @@ def print_summary(console: Console, summary: dict[str, dict[str, Any]], deployme
     )
     for e in engines or [d]:
         console.print(
-            f"  {e['engine']}: block {e['block_size']}, {e['kv_capacity_tokens']:,} KV tokens per"
+            f"  {e.get('pool') or e['engine']}: block {e['block_size']}, {e['kv_capacity_tokens']:,} KV tokens per"
             f" replica ({e['kv_pool_gib']:.1f} GiB), max_num_seqs {e['max_num_seqs']:,},"
             f" max_num_batched_tokens {e['max_num_batched_tokens']:,}, prefix caching"
             f" {'on' if e['enable_prefix_caching'] else 'off'}")
