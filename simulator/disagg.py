@@ -272,16 +272,22 @@ def run_disaggregated(scenario: Scenario, base_dir: Path, path: str, *, out: str
         progress = make_progress(quiet)
         if progress is not None:
             with progress:
-                run, _, _ = simulate_disaggregated(prefill, decode, link, fit.requests,
-                                                   clients=clients, progress=progress,
-                                                   record_steps=steps, step_bin_s=step_bin_s)
+                run, run_p, run_d = simulate_disaggregated(prefill, decode, link, fit.requests,
+                                                           clients=clients, progress=progress,
+                                                           record_steps=steps, step_bin_s=step_bin_s)
         else:
-            run, _, _ = simulate_disaggregated(prefill, decode, link, fit.requests, clients=clients,
-                                               record_steps=steps, step_bin_s=step_bin_s)
+            run, run_p, run_d = simulate_disaggregated(prefill, decode, link, fit.requests,
+                                                       clients=clients, record_steps=steps,
+                                                       step_bin_s=step_bin_s)
         run.summary["max_model_len_policy"] = fit.as_dict()
+        pools = (("prefill", prefill.scenario.num_replicas), ("decode", decode.scenario.num_replicas))
+        # a request is sent to a prefill replica, then (once prefilled) to a decode replica
+        routed = [np.asarray(r.request_columns["replica"], dtype=np.int64) for r in (run_p, run_d)]
+        sent = np.concatenate([np.bincount(x[x >= 0], minlength=n)[:n]
+                               for x, (_, n) in zip(routed, pools)])
         write_outputs(folder.staging, scenario, decode, [run], plots=plots,
                       deployments={"prefill": prefill, "decode": decode},
-                      num_replicas=prefill.scenario.num_replicas + decode.scenario.num_replicas)
+                      num_replicas=sum(n for _, n in pools), pools=pools, sent={run.name: sent})
     summary = {run.name: run.summary}
     if not quiet:
         console = Console() if sys.stdout.isatty() else Console(width=120)

@@ -97,7 +97,8 @@ class TimeAxis:
 
 def write_plots(out_dir: Path, steps_df: pd.DataFrame, requests_df: pd.DataFrame,
                 summary: Mapping[str, Mapping[str, Any]], *, title: str = "",
-                slo_ttft_p99_s: float | None = None, slo_tpot_p99_s: float | None = None) -> list[Path]:
+                slo_ttft_p99_s: float | None = None, slo_tpot_p99_s: float | None = None,
+                step_groups: Sequence[str] | None = None) -> list[Path]:
     """Write the four figures of a simulation into ``out_dir`` (created if missing).
 
     ``steps_df`` has one row per engine step (columns in :data:`STEP_COLUMNS_NEEDED`; the KV
@@ -106,6 +107,8 @@ def write_plots(out_dir: Path, steps_df: pd.DataFrame, requests_df: pd.DataFrame
     ``ttft_s.p99``; optionally ``saturated``). ``slo_ttft_p99_s`` / ``slo_tpot_p99_s``, when
     given, are drawn as bounds. Allocators appear in the summary's order, then any others sorted.
     Empty tables, one allocator, all requests rejected and NaNs give figures that say so.
+    ``step_groups``: the ``allocator`` values of ``steps_df`` that the step figures (KV memory,
+    batch size) draw, when they are not the allocators (the pools of a disaggregated run).
     Returns the written paths: kv_memory, batch_size, latency_cdf, allocators (PNG).
     Raises :class:`KvplanError` if a column or summary field is missing or ``out_dir`` is a file.
     """
@@ -126,10 +129,14 @@ def write_plots(out_dir: Path, steps_df: pd.DataFrame, requests_df: pd.DataFrame
     allocators = [str(n) for n in summary]
     allocators += sorted((set(steps_by) | set(requests_by)) - set(allocators))
     num_replicas = int(steps_df["replica"].nunique()) if len(steps_df) else 0
+    groups = list(step_groups) if step_groups is not None else allocators
+    if step_groups is not None:  # each group's replicas, not all of the run's
+        num_replicas = max((int(steps_by[g]["replica"].nunique()) for g in groups if g in steps_by),
+                           default=0)
     figures = (
         ("kv_memory.png",
-         lambda: _kv_memory_figure(steps_by, summary, allocators, axis, num_replicas, title)),
-        ("batch_size.png", lambda: _batch_size_figure(steps_by, summary, allocators, axis, title)),
+         lambda: _kv_memory_figure(steps_by, summary, groups, axis, num_replicas, title)),
+        ("batch_size.png", lambda: _batch_size_figure(steps_by, summary, groups, axis, title)),
         ("latency_cdf.png", lambda: _latency_figure(requests_by, allocators, title,
                                                     {"ttft_s": slo_ttft_p99_s, "tpot_s": slo_tpot_p99_s})),
         ("allocators.png", lambda: _allocators_figure(summary, title, slo_ttft_p99_s)),
@@ -570,11 +577,18 @@ _REPLICA_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55
 
 
 def write_replica_plot(out_dir: Path, steps_df: pd.DataFrame, requests_df: pd.DataFrame,
-                       num_replicas: int, *, title: str = "", policy: str = "") -> Path | None:
+                       num_replicas: int, *, title: str = "", policy: str = "",
+                       pools: Sequence[tuple[str, int]] = (),
+                       sent: Mapping[str, np.ndarray] | None = None) -> Path | None:
     """``replicas.png``: how the router spread the load over ``num_replicas`` replicas — per
     allocator (one row each), the requests each replica was sent, and its running sequences
     and waiting queue over time (time-weighted means per bin). Nothing is written (None) for a
     single replica. Columns as :func:`write_plots` needs, plus ``replica`` in ``requests_df``.
+
+    ``pools``: (name, replicas) of consecutive replica ranges that serve different parts of a
+    request (prefill and decode of a disaggregated run): replicas are labelled by pool and the
+    spread is given per pool. ``sent``: per allocator, requests sent to each replica when a
+    request visits several (otherwise counted from ``requests_df``'s ``replica``).
     """
     if num_replicas <= 1:
         return None
@@ -588,32 +602,47 @@ def write_replica_plot(out_dir: Path, steps_df: pd.DataFrame, requests_df: pd.Da
     path = out_dir / "replicas.png"
     with mpl.rc_context(_RC):
         _replica_figure(steps_by, requests_by, allocators or [""], num_replicas, axis, title,
-                        policy).savefig(path, dpi=DPI, format="png", metadata={"Software": None})
+                        policy, pools, sent or {}).savefig(path, dpi=DPI, format="png",
+                                                          metadata={"Software": None})
     return path
 
 
 def _replica_figure(steps_by: Mapping[str, pd.DataFrame], requests_by: Mapping[str, pd.DataFrame],
                     allocators: list[str], num_replicas: int, axis: TimeAxis, title: str,
-                    policy: str) -> Figure:
+                    policy: str, pools: Sequence[tuple[str, int]],
+                    sent: Mapping[str, np.ndarray]) -> Figure:
     rows = len(allocators)
     fig, axes = _figure(rows, 3, (13, 1.4 + 2.4 * rows))
     x = axis.display(axis.edges_s)
     replicas = np.arange(num_replicas)
     colours = [_REPLICA_COLOURS[r % len(_REPLICA_COLOURS)] for r in replicas]
+    ranges = [(pool, sum(n for _, n in pools[:i]), n) for i, (pool, n) in enumerate(pools)] or \
+        [("", 0, num_replicas)]
+    names = [f"{pool} {r - start}" if pool else f"replica {r}"
+             for pool, start, n in ranges for r in range(start, start + n)]
     for row, name in enumerate(allocators):
         sent_ax, running_ax, waiting_ax = axes[row]
         requests = requests_by.get(name)
         counts = np.zeros(num_replicas)
-        if requests is not None and len(requests):
+        if name in sent:
+            counts = np.asarray(sent[name], dtype=float)
+        elif requests is not None and len(requests):
             routed = requests["replica"].to_numpy(dtype=np.int64)
             routed = routed[(routed >= 0) & (routed < num_replicas)]
             counts = np.bincount(routed, minlength=num_replicas).astype(float)
         sent_ax.bar(replicas, counts, color=colours)
-        sent_ax.set_xticks(replicas if num_replicas <= 16 else replicas[:: max(1, num_replicas // 8)])
+        ticks = replicas if num_replicas <= 16 else replicas[:: max(1, num_replicas // 8)]
+        sent_ax.set_xticks(ticks, [names[r].replace("replica ", "") for r in ticks])
         sent_ax.set_xlabel("replica")
         sent_ax.set_ylabel("requests")
-        total = counts.sum()
-        spread = f"; max/mean {counts.max() / (total / num_replicas):.2f}" if total else ""
+        spreads = []
+        for pool, start, n in ranges:  # max/mean within each pool: pools do different work
+            part = counts[start:start + n]
+            if part.sum():
+                spreads.append(f"{pool + ' ' if pool else ''}{part.max() / (part.sum() / n):.2f}")
+        # per pool on a line of its own: the panel is narrow
+        spread = (f"\nmax/mean {', '.join(spreads)}" if len(ranges) > 1 else f"; max/mean {spreads[0]}") \
+            if spreads else ""
         sent_ax.set_title(f"{name + ': ' if name else ''}requests sent{spread}", loc="left")
         steps = steps_by.get(name)
         for ax, column, what in ((running_ax, "num_running_seqs", "running sequences"),
@@ -630,7 +659,7 @@ def _replica_figure(steps_by: Mapping[str, pd.DataFrame], requests_by: Mapping[s
                 means = binned_step_means(mine, (column,), axis.edges_s)[:, 0]
                 ax.plot(x, np.append(means, means[-1]), drawstyle="steps-post", linewidth=1.2,
                         color=colours[r], linestyle=_LINESTYLES[(r // len(_REPLICA_COLOURS)) % len(_LINESTYLES)],
-                        label=f"replica {r}")
+                        label=names[r])
             ax.set_ylim(bottom=0)
         waiting_ax.set_xlabel(f"simulated time ({axis.unit})")
         running_ax.set_xlabel(f"simulated time ({axis.unit})")

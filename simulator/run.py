@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,12 +205,14 @@ def run_simulate(path: str, *, out: str | None, overrides: dict[str, object], qu
 
 def write_outputs(out_dir: Path, scenario: Scenario, dep: Deployment, runs: list[AllocatorRun],
                   *, plots: bool, deployments: dict[str, Deployment] | None = None,
-                  num_replicas: int | None = None) -> None:
+                  num_replicas: int | None = None, pools: Sequence[tuple[str, int]] = (),
+                  sent: dict[str, Any] | None = None) -> None:
     """Write summary.json, run.json, requests.csv, steps.csv and the plots into ``out_dir``
     (a staging folder of :func:`simulator.outputs.open_output`: nobody else writes there).
     With several engines (or the pools of a disaggregated run), run.json also has each one's
     deployment under ``deployments``. ``num_replicas``: the replicas the step rows number
-    (default: the scenario's)."""
+    (default: the scenario's); ``pools`` and ``sent`` label and count them per pool
+    (:func:`simulator.plots.write_replica_plot`)."""
     summary = {r.name: r.summary for r in runs}
     report.write_json(out_dir / "summary.json", summary)
     meta: dict[str, Any] = {
@@ -226,6 +229,7 @@ def write_outputs(out_dir: Path, scenario: Scenario, dep: Deployment, runs: list
     report.write_rows_csv(out_dir / "steps.csv", ("allocator", *STEP_COLUMNS), (
         (r.name, *row) for r in runs for row in r.result.steps))
     if plots:
+        import numpy as np
         import pandas as pd
 
         from simulator.plots import write_plots, write_replica_plot
@@ -233,11 +237,21 @@ def write_outputs(out_dir: Path, scenario: Scenario, dep: Deployment, runs: list
         requests = pd.concat([r.requests.assign(allocator=r.name) for r in runs], ignore_index=True)
         steps = pd.concat([r.steps.assign(allocator=r.name) for r in runs], ignore_index=True)
         requests = requests[["allocator", *metrics.REQUEST_COLUMNS]]
-        steps = steps[["allocator", *STEP_COLUMNS]]
+        steps = replica_steps = steps[["allocator", *STEP_COLUMNS]]
+        step_groups = None
+        if pools:  # each pool's steps drawn apart: their KV pools and batches are not alike
+            start, edges, names = 0, [], []
+            for pool, n in pools:
+                start += n
+                edges.append(start)
+                names.append(pool)
+            which = np.searchsorted(np.asarray(edges), steps["replica"].to_numpy(), side="right")
+            steps = steps.assign(allocator=steps["allocator"] + " · " + np.asarray(names)[which] + " pool")
+            step_groups = [f"{r.name} · {pool} pool" for r in runs for pool in names]
         slo = scenario.slo
         title = f"{scenario.name}: {dep.model.name} on {dep.gpu.name}"
         write_plots(out_dir, steps, requests, summary, title=title,
                     slo_ttft_p99_s=slo.ttft_p99_s if slo else None,
-                    slo_tpot_p99_s=slo.tpot_p99_s if slo else None)
-        write_replica_plot(out_dir, steps, requests, num_replicas or scenario.num_replicas, title=title,
-                           policy=scenario.router.policy)
+                    slo_tpot_p99_s=slo.tpot_p99_s if slo else None, step_groups=step_groups)
+        write_replica_plot(out_dir, replica_steps, requests, num_replicas or scenario.num_replicas, title=title,
+                           policy=scenario.router.policy, pools=pools, sent=sent)

@@ -248,3 +248,34 @@ def test_the_link_serves_each_prefill_replica_in_first_token_order():
     assert t.bytes_moved == 100
     assert math.isnan(link_schedule(first, replica, prompts, ~sent, 10,
                                     LinkSpec(bandwidth_gb_s=1.0)).done_s[0])
+
+
+def test_the_plots_draw_each_pool_apart(tmp_path, monkeypatch):
+    """The step figures get one panel per pool (their KV pools differ), and the replica figure
+    counts a request at its prefill replica and at its decode replica."""
+    import simulator.plots as plots
+
+    seen: dict[str, Any] = {}
+    write_plots, write_replica_plot = plots.write_plots, plots.write_replica_plot
+
+    def spy_plots(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen["step_groups"] = kwargs.get("step_groups")
+        return write_plots(*args, **kwargs)
+
+    def spy_replicas(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen["pools"], seen["sent"] = kwargs.get("pools"), kwargs.get("sent")
+        return write_replica_plot(*args, **kwargs)
+
+    monkeypatch.setattr(plots, "write_plots", spy_plots)
+    monkeypatch.setattr(plots, "write_replica_plot", spy_replicas)
+    path = tmp_path / "d.yaml"
+    path.write_text(json.dumps(scenario(**{"disaggregation.prefill.replicas": 2})))
+    out = tmp_path / "o"
+    assert main(["simulate", str(path), "--out", str(out), "--quiet"]) == 0
+    assert seen["step_groups"] == ["paged · prefill pool", "paged · decode pool"]
+    assert seen["pools"] == (("prefill", 2), ("decode", 1))
+    # 1 req/s, each prefilled before the next arrives: least-outstanding finds both prefill
+    # replicas idle every time and takes the first; every request then decodes on the one decoder
+    assert seen["sent"]["paged"].tolist() == [20, 0, 20]
+    for png in ("kv_memory.png", "batch_size.png", "replicas.png"):
+        assert (out / png).stat().st_size > 0
