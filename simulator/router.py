@@ -201,7 +201,6 @@ class Router:
         self.config = config
         self.replicas = replicas
         n = len(replicas)
-        self.num_routed = [0] * n  # requests routed to each replica (rejected ones included)
         self._next = 0  # round-robin counter
         self._stale = config.refresh_interval_s > 0
         self._view: list[Load] = [Load(0, 0, 0, 0.0)] * n
@@ -235,7 +234,6 @@ class Router:
 
     def routed(self, i: int, request: Request) -> None:
         """Record that ``request`` was sent to replica ``i``."""
-        self.num_routed[i] += 1
         if self._stale:
             self._sent_since[i] += 1
         if self._caches:
