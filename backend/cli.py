@@ -5,6 +5,10 @@
     kvplan calibrate --model Llama-3.1-8B --tp 1 [--device cuda|cpu] [--dtype bf16|fp16|fp32]
                      [--layers k] [--block-size 16] [--kv-cache-dtype auto] [--quick | --full]
                      [--out profiles/<gpu>-<model>.yaml] [--quiet]
+    kvplan calibrate --from-results R1 R2 ... --scenario S [--out S-calibrated.yaml]
+
+``--from-results`` fits the roofline's constants to measured benchmark results instead
+(simulator/compare/calibrate.py): no device, and no torch imported.
 
 On a CPU the quick sweep is the default (``--full`` asks for the whole one); on a GPU the full
 sweep. Before the sweep it prints what it will take (two shapes timed, the sweep extrapolated),
@@ -34,8 +38,14 @@ def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
         "calibrate", help="time step shapes on a device and write a latency profile",
         description="Run a Llama-shaped model with random weights at a catalog model's shapes over a sweep "
                     "of decode, prefill and mixed steps; fit the linear step-latency model and write a "
-                    "profile that `simulate` can use (latency: {model: profile, profile: FILE}).")
-    p.add_argument("--model", required=True, help="catalog model name (e.g. Llama-3.1-8B, tiny)")
+                    "profile that `simulate` can use (latency: {model: profile, profile: FILE}). With "
+                    "--from-results: fit the roofline's constants to measured benchmark results instead.")
+    p.add_argument("--model", help="catalog model name (e.g. Llama-3.1-8B, tiny); required unless --from-results")
+    p.add_argument("--from-results", nargs="+", metavar="RESULT",
+                   help="fit the roofline to these measured results (vllm bench serve --save-result JSON, "
+                        "GuideLLM report[#N], fidelity.json) of --scenario's deployment; needs no device")
+    p.add_argument("--scenario", help="with --from-results: the deployment the results measured")
+    p.add_argument("--allocator", help="with --from-results: the allocator to simulate (default: paged)")
     p.add_argument("--tp", type=int, default=1,
                    help="tensor-parallel degree: time one rank's shapes (default 1)")
     p.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda when available)")
@@ -49,7 +59,8 @@ def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
     size.add_argument("--full", dest="quick", action="store_const", const=False,
                       help="the whole sweep (the default on a GPU; on a CPU, minutes per large prefill)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the sweep's contexts")
-    p.add_argument("--out", help="profile path (default: profiles/<gpu>-<model>.yaml)")
+    p.add_argument("--out", help="profile path (default: profiles/<gpu>-<model>.yaml); with --from-results the "
+                                 "calibrated scenario (default: <scenario>-calibrated.yaml beside it)")
     p.add_argument("--threads", type=int, help="torch threads on CPU (default 1: steady timings)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no summary")
     p.set_defaults(func=run_calibrate)
@@ -58,6 +69,21 @@ def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
 
 def run_calibrate(args: argparse.Namespace) -> int:
     """Run ``calibrate`` with parsed arguments; bad input raises KvplanError."""
+    from simulator.errors import KvplanError
+
+    if args.from_results:
+        if args.scenario is None:
+            raise KvplanError("--from-results needs --scenario: the deployment the results measured")
+        if args.model is not None:
+            raise KvplanError("--model times a device's steps; with --from-results the scenario names the model")
+        from simulator.compare.calibrate import run_from_results
+
+        return run_from_results(args.from_results, args.scenario, out=args.out, allocator=args.allocator,
+                                quiet=args.quiet)
+    if args.model is None:
+        raise KvplanError("calibrate needs --model (or --from-results RESULT ... --scenario S)")
+    if args.scenario is not None or args.allocator is not None:
+        raise KvplanError("--scenario and --allocator go with --from-results")
     import torch
     from rich.console import Console
     from rich.progress import (

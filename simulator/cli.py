@@ -20,8 +20,9 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import TextIO
 
-from simulator import size_cmd
+from simulator import export_cmd, size_cmd
 from simulator.capacity import options as capacity_options
+from simulator.compare import cmd as compare_cmd
 from simulator.errors import KvplanError, KvplanWarning
 from simulator.validate import cmd as validate_cmd
 
@@ -113,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     size_cmd.add_parser(sub)
     capacity_options.add_parser(sub)
     validate_cmd.add_parser(sub)
+    compare_cmd.add_parser(sub)
+    export_cmd.add_parser(sub)
     _add_plugins(sub)
     return parser
 

@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from simulator import metrics, report
 from simulator.deployment import Deployment, build_deployment
 from simulator.engine import SimResult, simulate
+from simulator.html_report import write_report
 from simulator.errors import KvplanError
 from simulator.outputs import default_out_dir, open_output
 from simulator.router import requests_per_replica
@@ -207,7 +208,7 @@ def write_outputs(out_dir: Path, scenario: Scenario, dep: Deployment, runs: list
                   *, plots: bool, deployments: dict[str, Deployment] | None = None,
                   num_replicas: int | None = None, pools: Sequence[tuple[str, int]] = (),
                   sent: dict[str, Any] | None = None) -> None:
-    """Write summary.json, run.json, requests.csv, steps.csv and the plots into ``out_dir``
+    """Write summary.json, run.json, requests.csv, steps.csv, the plots and report.html into ``out_dir``
     (a staging folder of :func:`simulator.outputs.open_output`: nobody else writes there).
     With several engines (or the pools of a disaggregated run), run.json also has each one's
     deployment under ``deployments``. ``num_replicas``: the replicas the step rows number
@@ -255,3 +256,4 @@ def write_outputs(out_dir: Path, scenario: Scenario, dep: Deployment, runs: list
                     slo_tpot_p99_s=slo.tpot_p99_s if slo else None, step_groups=step_groups)
         write_replica_plot(out_dir, replica_steps, requests, num_replicas or scenario.num_replicas, title=title,
                            policy=scenario.router.policy, pools=pools, sent=sent)
+    write_report(out_dir, "simulate")  # last: report.html reads back the files above

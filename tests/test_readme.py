@@ -217,6 +217,38 @@ def check_validate(cmd: Command, tmp: Path, capsys) -> None:
     run_kvplan(args, capsys)
 
 
+def small_run(scenario: str, out: Path, capsys, *extra: str) -> Path:
+    """A small ``simulate`` folder for the README commands that read one (``runs/...``)."""
+    run_kvplan(["simulate", scenario, "--num-requests", str(SMALL_NUM_REQUESTS), "--out", str(out),
+                "--no-plots", "--quiet", *extra], capsys)
+    return out
+
+
+def check_export(cmd: Command, tmp: Path, capsys) -> None:
+    args = list(cmd.args)
+    target = args[1]
+    if not (ROOT / target).exists():  # a run folder README's reader made with simulate first
+        args[1] = str(small_run(f"scenarios/{Path(target).name}.yaml", tmp / "run", capsys))
+    run_kvplan(with_option(args, "--out", str(tmp / "out")), capsys)
+    assert (tmp / "out" / "serve.sh").is_file() and (tmp / "out" / "bench.sh").is_file()
+
+
+def check_compare(cmd: Command, tmp: Path, capsys) -> None:
+    args = list(cmd.args)
+    if "--against" not in args:  # two run folders README's reader made with simulate first
+        a, b = args[1:3]
+        args[1] = str(small_run("scenarios/chat.yaml", tmp / Path(a).name, capsys))
+        args[2] = str(small_run("scenarios/chat.yaml", tmp / Path(b).name, capsys,
+                                "--set", "kv_cache_dtype=fp8"))
+    run_kvplan(with_option(with_option(args, "--out", str(tmp / "out")), "--quiet"), capsys)
+    assert (tmp / "out" / "compare.json").is_file()
+
+
+def check_calibrate_from_results(cmd: Command, tmp: Path, capsys) -> None:
+    run_kvplan(with_option(list(cmd.args), "--out", str(tmp / "calibrated.yaml")), capsys)
+    assert (tmp / "calibrated.yaml").is_file()
+
+
 def check_parse(cmd: Command, tmp: Path, capsys) -> None:
     parse_only(list(cmd.args) if cmd.program == "kvplan" else [cmd.program, *cmd.args])
 
@@ -285,6 +317,8 @@ def rule_for(cmd: Command) -> Rule | None:
             if "ray" in values_of(words, "--executor"):
                 return Rule("parse (needs a Ray cluster at --address)", check_parse)
             return Rule("run", check_capacity)
+        if sub == "calibrate" and "--from-results" in words:
+            return Rule("run", check_calibrate_from_results)
         if sub in ("calibrate", "fidelity") and any(d.startswith("cuda") for d in device):
             return Rule("parse (needs a CUDA GPU)", check_parse)
         if sub == "calibrate" and device == ["cpu"]:
@@ -293,6 +327,10 @@ def rule_for(cmd: Command) -> Rule | None:
             return Rule("run", check_fidelity_on_cpu)
         if sub == "validate":
             return Rule("run", check_validate)
+        if sub == "export":
+            return Rule("run", check_export)
+        if sub == "compare":
+            return Rule("run", check_compare)
     if cmd.program in ("python", "python3") and words[:2] == ("-m", "venv"):
         return Rule("setup", check_venv)
     if cmd.program in ("python", "python3") and words[:2] == ("-m", "pytest"):

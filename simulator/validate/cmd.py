@@ -71,6 +71,7 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from simulator.html_report import write_report
     from simulator.validate import report
     from simulator.validate.predict import simulate_setup
 
@@ -129,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
             report.plot(folder.staging / "validate.png", items,
                         f"kvplan vs {summary['num_simulated']} published measurements "
                         f"({summary['num_sources']} sources)")
+        write_report(folder.staging, "validate")  # last: report.html reads back the files above
     if args.write:
         assert fit_info is not None and constants is not None
         fit_info["error"] = _error_digest(summary)
@@ -150,21 +152,13 @@ def fit_defaults(setups: Sequence[Setup], tick: Callable[[], None]
     from simulator.validate import fit as fitting
     from simulator.validate.predict import simulate_setup
 
-    current = _start_constants()
-    history = []
-    results: list[SetupResult] = []
-    for round_no in range(FIT_ROUNDS + 1):
-        results = [simulate_setup(s, current, record=True) for s in _ticking(setups, tick)]
-        if round_no == FIT_ROUNDS:
-            break
-        ok = [r for r in results if r.error is None]
-        outcome = fitting.fit(ok, current, params=FIT_PARAMS)
-        history.append({"round": round_no + 1, "objective": outcome.objective, "evals": outcome.num_evals})
-        settled = history[-1]["objective"] >= (history[-2]["objective"] - 1e-4 if len(history) > 1 else 1e9)
-        current = outcome.constants
-        if settled:
-            results = [simulate_setup(s, current, record=True) for s in _ticking(setups, tick)]
-            break
+    def simulate(setup: Setup, constants: RooflineConstants) -> SetupResult:
+        result = simulate_setup(setup, constants, record=True)
+        tick()
+        return result
+
+    current, results, history = fitting.fit_in_rounds(setups, _start_constants(), params=FIT_PARAMS,
+                                                      rounds=FIT_ROUNDS, simulate=simulate)
     ok = [r for r in results if r.error is None]
     held_out = fitting.leave_one_source_out(ok, current, params=FIT_PARAMS)
     rows = [r for res in ok if res.recording is not None for r in res.setup.rows]

@@ -29,6 +29,7 @@ import numpy as np
 from simulator.latency.constants import FIELDS, RooflineConstants
 from simulator.validate.optimize import nelder_mead
 from simulator.validate.predict import SetupResult, row_key, row_value
+from simulator.validate.setups import Setup
 from simulator.validate.table import PublishedRow
 
 EFFICIENCIES = ("mem_efficiency", "flops_efficiency", "fp8_flops_efficiency", "moe_flops_efficiency")
@@ -113,6 +114,31 @@ def fit(results: Sequence[SetupResult], start: RooflineConstants, *,
     x, value = nelder_mead(f, _encode(start, params), step=0.5, max_evals=max_evals)
     n = sum(len(rows_of(res)) for res in results if res.recording is not None)
     return FitResult(_decode(x, start, params), value, n, evals[0])
+
+
+def fit_in_rounds(setups: Sequence[Setup], start: RooflineConstants, *, params: Sequence[str],
+                  rounds: int, simulate: Callable[[Setup, RooflineConstants], SetupResult]
+                  ) -> tuple[RooflineConstants, list[SetupResult], list[dict[str, float]]]:
+    """Fit in rounds: simulate every setup with recording (``simulate(setup, constants)``), fit on
+    the re-timed recordings, and again with the new constants, until the objective stops
+    improving or after ``rounds`` fits. Returns the constants, the last round's results
+    (simulated with them) and each round's objective and evaluations."""
+    current = start
+    history: list[dict[str, float]] = []
+    results: list[SetupResult] = []
+    for round_no in range(rounds + 1):
+        results = [simulate(s, current) for s in setups]
+        if round_no == rounds:
+            break
+        ok = [r for r in results if r.error is None]
+        outcome = fit(ok, current, params=params)
+        history.append({"round": round_no + 1, "objective": outcome.objective, "evals": outcome.num_evals})
+        settled = history[-1]["objective"] >= (history[-2]["objective"] - 1e-4 if len(history) > 1 else 1e9)
+        current = outcome.constants
+        if settled:
+            results = [simulate(s, current) for s in setups]
+            break
+    return current, results, history
 
 
 def leave_one_source_out(results: Sequence[SetupResult], start: RooflineConstants, *,

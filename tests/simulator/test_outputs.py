@@ -28,7 +28,7 @@ from simulator.errors import KvplanError
 from simulator.outputs import MARKER, default_out_dir, open_output
 
 ROOT = Path(__file__).resolve().parents[2]
-SIMULATE_FILES = {"summary.json", "run.json", "requests.csv", "steps.csv", MARKER}
+SIMULATE_FILES = {"summary.json", "run.json", "requests.csv", "steps.csv", "report.html", MARKER}
 PLOTS = {"kv_memory.png", "batch_size.png", "latency_cdf.png", "allocators.png"}
 
 SMALL = """\

@@ -1,0 +1,258 @@
+"""`kvplan export`: every generated command parses with its tool's option names (vendored in
+simulator/export_flags.py from each tool's source) and carries the values the simulation used."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from simulator.cli import main
+from simulator.export_cmd import is_flag, trace_rows
+from simulator.export_flags import (
+    GUIDELLM_KINDS,
+    GUIDELLM_RUN_FLAGS,
+    SGLANG_FLAGS,
+    SGLANG_KV_CACHE_DTYPES,
+    SGLANG_RADIX_EVICTION_POLICIES,
+    SGLANG_SCHEDULE_POLICIES,
+    VLLM_BENCH_DATASETS,
+    VLLM_BENCH_FLAGS,
+    VLLM_SERVE_BOOL_FLAGS,
+    VLLM_SERVE_FLAGS,
+)
+from workloads.request import Request
+
+PROGRAMS = {("vllm", "serve"): 2, ("vllm", "bench"): 3, ("python", "-m"): 3, ("guidellm", "run"): 2}
+
+
+def _commands(script: str) -> list[tuple[dict[str, str], list[str], dict[str, list[str]]]]:
+    """Each command of a generated script: its environment, its program words, and its flags
+    (flag -> the values after it). Continuation lines are joined, comments and shell plumbing
+    (set, cd, mkdir, case, echo, exit) skipped."""
+    joined = script.replace("\\\n", " ")
+    out = []
+    for line in joined.splitlines():
+        words = shlex.split(line, comments=True)
+        env = {}
+        while words and "=" in words[0] and not words[0].startswith("-"):
+            key, _, value = words.pop(0).partition("=")
+            env[key] = value
+        lead = PROGRAMS.get(tuple(words[:2]))  # type: ignore[arg-type]
+        if lead is None:
+            continue
+        program, rest = words[:lead], words[lead:]
+        if program[0] == "vllm" and program[1] == "serve":  # the positional model
+            program.append(rest.pop(0))
+        flags: dict[str, list[str]] = {}
+        while rest:
+            flag = rest.pop(0)
+            assert is_flag(flag), f"{flag!r} where a flag belongs in {line!r}"
+            assert flag not in flags, f"{flag} given twice"
+            flags[flag] = []
+            while rest and not is_flag(rest[0]):
+                flags[flag].append(rest.pop(0))
+        out.append((env, program, flags))
+    return out
+
+
+def _vllm_known(flag: str) -> bool:
+    return flag in VLLM_SERVE_FLAGS or (
+        flag.startswith("--no-") and "--" + flag.removeprefix("--no-") in VLLM_SERVE_BOOL_FLAGS)
+
+
+def _check_guidellm(flags: dict[str, list[str]]) -> dict[str, dict[str, str]]:
+    """Every flag is guidellm run's, every kind=...,key=value option names a known kind and only
+    that kind's keys. Returns option -> parsed mapping."""
+    parsed = {}
+    for flag, values in flags.items():
+        assert flag in GUIDELLM_RUN_FLAGS, flag
+        assert len(values) == 1
+        items = dict(item.split("=", 1) for item in values[0].split(","))
+        kinds = GUIDELLM_KINDS[flag]
+        assert items["kind"] in kinds, (flag, items["kind"])
+        assert set(items) <= kinds[items["kind"]], (flag, set(items) - kinds[items["kind"]])
+        parsed[flag] = items
+    return parsed
+
+
+def _scenario(tmp_path: Path, name: str = "plan", **overrides: object) -> Path:
+    data: dict[str, object] = {
+        "name": name, "model": "llama-3.1-8b", "gpu": "h200-141gb", "max_model_len": 8192,
+        "workload": {"arrival": {"process": "poisson", "rate": 4.0}, "num_requests": 30,
+                     "prompt_tokens": {"dist": "fixed", "value": 1000},
+                     "output_tokens": {"dist": "fixed", "value": 100}},
+        "slo": {"ttft_p99_s": 2.0, "tpot_p99_s": 0.05},
+    }
+    data.update(overrides)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def _export(tmp_path: Path, source: Path, *extra: str) -> Path:
+    out = tmp_path / f"export-{len(list(tmp_path.iterdir()))}"
+    assert main(["export", str(source), "--out", str(out), *extra]) == 0
+    return out
+
+
+def _scripts(out: Path) -> tuple[list, list]:
+    serve = _commands((out / "serve.sh").read_text(encoding="utf-8"))
+    bench = _commands((out / "bench.sh").read_text(encoding="utf-8"))
+    return serve, bench
+
+
+def test_vllm_v1_serve_on_h200_has_v1_defaults(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = _export(tmp_path, _scenario(tmp_path))
+    (env, program, flags), = _scripts(out)[0]
+    assert env == {} and program == ["vllm", "serve", "meta-llama/Llama-3.1-8B"]
+    assert [f for f in flags if not _vllm_known(f)] == []
+    # vLLM V1's defaults on a >= 70 GiB GPU that is not an A100 (simulator/deployment.py)
+    assert flags["--max-num-seqs"] == ["1024"]
+    assert flags["--max-num-batched-tokens"] == ["8192"]
+    assert flags["--gpu-memory-utilization"] == ["0.9"]
+    assert flags["--block-size"] == ["16"]
+    assert flags["--max-model-len"] == ["8192"]
+    assert flags["--tensor-parallel-size"] == ["1"]
+    assert flags["--kv-cache-dtype"] == ["auto"]
+    assert "--enable-prefix-caching" in flags and "--enable-chunked-prefill" in flags
+    assert "--data-parallel-size" not in flags and "--quantization" not in flags
+    assert "vllm serve meta-llama/Llama-3.1-8B" in capsys.readouterr().out
+
+
+def test_bench_commands_replay_the_trace(tmp_path: Path) -> None:
+    out = _export(tmp_path, _scenario(tmp_path))
+    rows = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
+    assert len(rows) == 30
+    assert all(r["input_length"] == 1000 and r["output_length"] == 100 for r in rows)
+    assert all(len(r["hash_ids"]) == 2 for r in rows)  # ⌈1000 / 512⌉, no id shared
+    assert len({i for r in rows for i in r["hash_ids"]}) == 60
+    assert rows[0]["timestamp"] == 0.0
+    bench = _scripts(out)[1]
+    by_name = {}
+    for env, program, flags in bench:
+        if program[0] == "vllm":
+            assert [f for f in flags if f not in VLLM_BENCH_FLAGS] == []
+            assert flags["--dataset-name"][0] in VLLM_BENCH_DATASETS
+            by_name[flags["--dataset-name"][0]] = (env, flags)
+        else:
+            parsed = _check_guidellm(flags)
+            by_name[parsed["--profile"]["kind"]] = parsed
+    env, replay = by_name["timed_trace"]
+    assert env == {"PYTHONHASHSEED": "0"}
+    assert replay["--dataset-path"] == ["trace.jsonl"] and replay["--num-prompts"] == ["30"]
+    assert replay["--timed-trace-chunk-hash-size"] == ["512"]
+    assert "--self-timed" in replay and "--ignore-eos" in replay and "--save-result" in replay
+    assert replay["--goodput"] == ["ttft:2000", "tpot:50"]
+    assert "--max-concurrency" not in replay
+    _, random = by_name["random"]  # fixed lengths and Poisson arrivals: the tool's generator
+    assert random["--request-rate"] == ["4"] and random["--burstiness"] == ["1"]
+    assert random["--random-input-len"] == ["1000"] and random["--random-output-len"] == ["100"]
+    assert by_name["replay"]["--data"] == {"kind": "mooncake", "path": "trace.jsonl",
+                                           "hash_id_block_size": "512"}
+    assert by_name["replay"]["--constraint"] == {"kind": "max_requests", "count": "30"}
+    assert by_name["poisson"]["--profile"]["rate"] == "4"
+    assert by_name["poisson"]["--data"] == {"kind": "synthetic_text", "prompt_tokens": "1000",
+                                            "output_tokens": "100"}
+
+
+def test_gamma_arrivals_set_burstiness(tmp_path: Path) -> None:
+    workload = {"arrival": {"process": "gamma", "rate": 2.0, "cv": 2.0}, "num_requests": 10,
+                "prompt_tokens": {"dist": "fixed", "value": 64},
+                "output_tokens": {"dist": "fixed", "value": 8}}
+    bench = _scripts(_export(tmp_path, _scenario(tmp_path, workload=workload)))[1]
+    random = [f for _, p, f in bench if p[0] == "vllm" and f["--dataset-name"] == ["random"]]
+    # serve.py draws gaps from gamma(shape=burstiness, scale=1/(rate·burstiness)): cv = 1/√shape
+    assert random[0]["--burstiness"] == ["0.25"] and random[0]["--request-rate"] == ["2"]
+    assert not [p for _, p, f in bench if p[0] == "guidellm" and "poisson" in f["--profile"][0]]
+
+
+def test_closed_loop_sends_from_n_clients(tmp_path: Path) -> None:
+    workload = {"concurrency": 8, "requests_per_client": 3,
+                "prompt_tokens": {"dist": "fixed", "value": 100},
+                "output_tokens": {"dist": "fixed", "value": 10}}
+    bench = _scripts(_export(tmp_path, _scenario(tmp_path, workload=workload)))[1]
+    (_, _, vllm), (_, _, guidellm) = bench
+    assert vllm["--max-concurrency"] == ["8"] and vllm["--request-rate"] == ["inf"]
+    assert "--no-self-timed" in vllm and vllm["--num-prompts"] == ["24"]
+    assert _check_guidellm(guidellm)["--profile"] == {"kind": "concurrent", "streams": "8"}
+
+
+def test_sglang_launch_command(tmp_path: Path) -> None:
+    path = _scenario(tmp_path, engine="sglang", kv_cache_dtype="fp8", num_replicas=2)
+    (env, program, flags), = _scripts(_export(tmp_path, path))[0]
+    assert program == ["python", "-m", "sglang.launch_server"]
+    assert [f for f in flags if f not in SGLANG_FLAGS] == []
+    assert flags["--model-path"] == ["meta-llama/Llama-3.1-8B"]
+    assert flags["--page-size"] == ["1"] and flags["--tp-size"] == ["1"]
+    assert flags["--dp-size"] == ["2"] and flags["--port"] == ["8000"]
+    assert flags["--kv-cache-dtype"] == ["fp8_e4m3"]
+    assert flags["--kv-cache-dtype"][0] in SGLANG_KV_CACHE_DTYPES
+    assert flags["--schedule-policy"][0] in SGLANG_SCHEDULE_POLICIES
+    assert flags["--radix-eviction-policy"][0] in SGLANG_RADIX_EVICTION_POLICIES
+    # SGLang's defaults on a 141 GiB GPU (simulator/scheduler/sglang.py sglang_defaults):
+    # chunked_prefill_size 8192; mem_fraction_static = (141·1024 − max(512 + 8192·1.5 + 256·2
+    # + 1024/8, 10·1024)) / (141·1024) = (144384 − 13440) / 144384 = 0.907
+    assert flags["--chunked-prefill-size"] == ["8192"]
+    assert flags["--mem-fraction-static"] == ["0.907"]
+    assert "--disable-radix-cache" not in flags
+
+
+def test_vllm_v0_and_what_cannot_be_set(tmp_path: Path) -> None:
+    path = _scenario(tmp_path, engine="vllm-v0", kv_cache_dtype="fp16", quantization="awq")
+    out = _export(tmp_path, path)
+    (env, program, flags), = _scripts(out)[0]
+    assert env == {"VLLM_USE_V1": "0"}
+    assert [f for f in flags if not _vllm_known(f)] == []
+    assert flags["--max-num-seqs"] == ["256"] and "--no-enable-prefix-caching" in flags
+    assert flags["--swap-space"] == ["4"]
+    assert "--quantization" not in flags  # AWQ of a bf16 checkpoint: no server does that at load
+    text = (out / "serve.sh").read_text()
+    assert "# kv_cache_dtype fp16: " in text and "serve a awq checkpoint" in text
+
+
+def test_run_dir_gives_the_commands_of_its_scenario(tmp_path: Path) -> None:
+    scenario = _scenario(tmp_path, workload={
+        "trace": "bundled:azure-conv", "num_requests": 40, "rate_scale": 2.0})
+    run_dir = tmp_path / "run"
+    assert main(["simulate", str(scenario), "--out", str(run_dir), "--quiet", "--no-plots"]) == 0
+    from_scenario = _export(tmp_path, scenario)
+    from_run = _export(tmp_path, run_dir)
+    for name in ("serve.sh", "bench.sh", "trace.jsonl"):
+        assert (from_run / name).read_bytes() == (from_scenario / name).read_bytes(), name
+    assert main(["export", str(run_dir)]) == 0  # default: RUN_DIR/export
+    assert (run_dir / "export" / "trace.jsonl").read_bytes() == (from_run / "trace.jsonl").read_bytes()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--engine", "vllm-v2"], "unknown engine 'vllm-v2' (known: vllm-v1, vllm-v0, sglang)"),
+    (["--allocator", "max"], "allocator max: contiguous reservation"),
+])
+def test_bad_options_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                  argv: list[str], message: str) -> None:
+    assert main(["export", str(_scenario(tmp_path)), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_folder_without_run_json_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["export", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"kvplan: error: {tmp_path}: no run.json: give a scenario YAML or a folder "
+                   "that `simulate` wrote\n")
+
+
+def test_trace_rows_keep_shared_prefixes_and_nothing_more() -> None:
+    def req(i: int, prompt: int, prefix: tuple[int, ...] = ()) -> Request:
+        return Request(i, i * 0.5, prompt, 5, prefix_ids=prefix, prefix_block_tokens=4 if prefix else 0)
+
+    rows = trace_rows([req(0, 10, (7, 8)), req(1, 8, (7, 9)), req(2, 3), req(3, 4, (8,)),
+                       req(4, 12, (7, 8, 1))], block_tokens=4)
+    # r0: blocks ⌈10/4⌉ = 3: (7), (7,8), then a fresh block. r1: (7) shared, (7,9) new. r2: one
+    # fresh block. r3: id 8 without 7 before it is another block. r4: (7), (7,8), (7,8,1) new.
+    assert [r["hash_ids"] for r in rows] == [[0, 1, 2], [0, 3], [4], [5], [0, 1, 6]]
+    assert [r["timestamp"] for r in rows] == [0.0, 0.5, 1.0, 1.5, 2.0]
+    assert rows[0] == {"timestamp": 0.0, "input_length": 10, "output_length": 5, "hash_ids": [0, 1, 2]}
