@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from simulator.capacity.disagg_search import PD_RATIO_KNOB
 from simulator.capacity.executors import Executor, make_executor
 from simulator.capacity.options import SEARCHES
 from simulator.capacity.options import add_parser as add_parser  # the parser of run(), kept light
@@ -63,6 +64,7 @@ from simulator.capacity.sweep import (
 )
 from simulator.capacity.table import print_table
 from simulator.errors import KvplanError
+from simulator.html_report import write_report
 from simulator.outputs import default_out_dir, open_output
 from simulator.run import scenario_overrides
 from simulator.scenario import Scenario
@@ -129,6 +131,8 @@ def run_capacity(path: str, *, allocators: Sequence[str] | None = None, sweeps: 
     (KeyboardInterrupt) stops the searches, says what finished and propagates.
     """
     file = read_sweep(path, allocators, sweeps, overrides, file_sweep)
+    if any(PD_RATIO_KNOB in key.split("+") for key in file.sweep):
+        raise KvplanError(f"{PD_RATIO_KNOB} is a knob of the GPU-count search: give --target-rate or --growth")
     price_overrides = dict(parse_price_arg(p) for p in prices)
     pool = make_executor(executor, jobs=jobs, address=address)
     out_dir = Path(out) if out else default_out_dir(file.data["name"], suffix="-capacity", where=path)
@@ -159,11 +163,12 @@ def run_capacity(path: str, *, allocators: Sequence[str] | None = None, sweeps: 
         rows = _rows(points, results, price_overrides, notes, search)
         curve = pareto_points(points, results)
         write_csv(folder.staging / "capacity.csv", rows, search)
-        _write_json(folder.staging / "capacity.json", rows, results, notes, curve)
+        _write_json(folder.staging / "capacity.json", file.data, rows, results, notes, curve)
         if search == "concurrency":
             write_pareto_csv(folder.staging / "pareto.csv", curve)
         if plots_on:
             _write_plots(folder.staging / "plots", points, rows, results, curve)
+        write_report(folder.staging, "capacity")  # last: report.html reads back the files above
     if not quiet:
         print_table(make_console(), rows, notes, out_dir, time.perf_counter() - started, search)
     if not any(p.error is None for p in points):
@@ -333,7 +338,7 @@ def write_csv(path: Path, rows: Sequence[CapacityRow], search: str = "rate") -> 
                              *(csv_cell(getattr(r, name)) for name in fields)])
 
 
-def _write_json(path: Path, rows: Sequence[CapacityRow], results: Sequence[SearchResult],
+def _write_json(path: Path, scenario: dict[str, Any], rows: Sequence[CapacityRow], results: Sequence[SearchResult],
                 notes: dict[int, str], curve: Sequence[ParetoPoint] = ()) -> None:
     searches = []
     for r in results:
@@ -346,7 +351,8 @@ def _write_json(path: Path, rows: Sequence[CapacityRow], results: Sequence[Searc
             entry.update(lo_concurrency=r.lo_concurrency, hi_concurrency=r.hi_concurrency,
                          curve=[p.to_json() for p in r.curve])
         searches.append(entry)
-    body: dict[str, Any] = {"rows": [dataclasses.asdict(r) for r in rows], "searches": searches,
+    # the scenario (sweep removed) as read: report.html states its SLO and setup
+    body: dict[str, Any] = {"scenario": scenario, "rows": [dataclasses.asdict(r) for r in rows], "searches": searches,
                             "notes": {str(k): v for k, v in sorted(notes.items())}}
     if curve:
         body["pareto"] = [dataclasses.asdict(p) for p in curve]

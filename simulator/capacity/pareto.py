@@ -52,14 +52,19 @@ class ParetoPoint:
     on_frontier: bool = False
 
 
-def frontier(xs: Sequence[float], ys: Sequence[float]) -> list[bool]:
+def frontier(xs: Sequence[float], ys: Sequence[float], *, strict: bool = False) -> list[bool]:
     """Which of the points (xs[i], ys[i]) are on the Pareto frontier when both axes are better
-    higher (module docstring). Deterministic: ties are broken by the input order."""
+    higher (module docstring). Deterministic: ties are broken by the input order.
+
+    ``strict``: only the non-dominated points — a point with another at least as good on both
+    axes and better on one is off, and of identical points only the first is on. The GPU-count
+    layouts (:mod:`simulator.capacity.replica_plots`) use it: two layouts at the same tokens/s
+    per GPU are not both worth choosing when one serves each user faster."""
     order = sorted(range(len(xs)), key=lambda i: (-xs[i], -ys[i], i))
     on = [False] * len(xs)
     best_y = -math.inf
     for i in order:
-        if ys[i] >= best_y - FRONTIER_EPS:
+        if (ys[i] > best_y + FRONTIER_EPS) if strict else (ys[i] >= best_y - FRONTIER_EPS):
             on[i] = True
             best_y = max(best_y, ys[i])
     return on

@@ -5,10 +5,14 @@ and target rate, the fewest replicas — data-parallel copies of the point's TP 
 the scenario's ``slo:`` at R (:mod:`simulator.capacity.replicas`), their GPUs, cost per hour and
 per million output tokens (:mod:`simulator.capacity.replica_table`), as a table (printed,
 ``capacity.csv``, ``capacity.json``) and plots (:mod:`simulator.capacity.replica_plots`).
+A point with ``disaggregation:`` (or a ``pd_ratio`` knob) is a disaggregated layout: the fewest
+prefill and decode replicas at its P:D ratio (:mod:`simulator.capacity.disagg_search`), in the
+same table with its ``layout``.
 
 Examples::
 
     kvplan capacity scenarios/cluster.yaml --target-rate 40
+    kvplan capacity scenarios/cluster-disagg.yaml --growth 1,2      # agg vs P:D 1:1, 1:2, 2:1
     kvplan capacity scenarios/cluster.yaml --target-rate 20,40,80 --max-replicas 32
     kvplan capacity scenarios/capacity-chat.yaml --growth 3 --no-sweep   # 3 × today's rate
 
@@ -52,8 +56,17 @@ from simulator.capacity.replica_table import (
 )
 from simulator.capacity.replicas import ReplicaResult, ReplicaTask, run_replica_search
 from simulator.capacity.search import remove_partial_writes
-from simulator.capacity.sweep import SweepPoint, gpu_price, parse_price_arg, resolve_points, seeds_for
+from simulator.capacity.disagg_search import PD_RATIO_KNOB, parse_pd_ratio
+from simulator.capacity.sweep import (
+    CapacityFile,
+    SweepPoint,
+    expand_sweep,
+    parse_price_arg,
+    resolve_points,
+    seeds_for,
+)
 from simulator.errors import KvplanError
+from simulator.html_report import write_report
 from simulator.outputs import default_out_dir, open_output
 from simulator.scenario import Scenario
 from workloads.spec import build_requests
@@ -134,11 +147,12 @@ def run_replica_capacity(path: str, *, target_rates: Sequence[float] = (), growt
     file = read_sweep(path, allocators, sweeps, overrides, file_sweep)
     if any("num_replicas" in key.split("+") for key in file.sweep):
         raise KvplanError("num_replicas cannot be swept with --target-rate: it is what the search finds")
+    check_pd_ratios(file, max_replicas)
     price_overrides = dict(parse_price_arg(p) for p in prices)
     pool = make_executor(executor, jobs=jobs, address=address)
     out_dir = Path(out) if out else default_out_dir(file.data["name"], suffix="-capacity", where=path)
     cache_dir = out_dir / CACHE_DIR if use_cache else None
-    points = resolve_points(file)
+    points = resolve_points(file, disaggregated=True)
     own_rates: dict[str, float] = {}  # by workload: a sweep's points mostly share one (a trace parsed once)
     targets = {p.index: _targets(p, file.base_dir, target_rates, growths, own_rates)
                for p in points if p.scenario}
@@ -157,9 +171,10 @@ def run_replica_capacity(path: str, *, target_rates: Sequence[float] = (), growt
             raise
         rows = _rows(points, targets, results, price_overrides, notes)
         write_replica_csv(folder.staging / "capacity.csv", rows)
-        _write_json(folder.staging / "capacity.json", rows, results, notes)
+        _write_json(folder.staging / "capacity.json", file.data, rows, results, notes)
         if plots_on:
             _write_plots(folder.staging / "plots", rows)
+        write_report(folder.staging, "capacity")  # last: report.html reads back the files above
     if not quiet:
         print_replica_table(make_console(), rows, notes, out_dir, time.perf_counter() - started)
     if not any(p.error is None for p in points):
@@ -168,6 +183,21 @@ def run_replica_capacity(path: str, *, target_rates: Sequence[float] = (), growt
             raise KvplanError(first)
         raise KvplanError(f"every sweep point failed (see {out_dir / 'capacity.csv'}); first: {first}")
     return ReplicaReport(out_dir, rows, results, sorted(set(notes.values())))
+
+
+def check_pd_ratios(file: CapacityFile, max_replicas: int) -> None:
+    """Every ``pd_ratio`` of the sweep (or the scenario's own pools) parses, and its smallest
+    layout fits within ``max_replicas`` per pool; else a one-line KvplanError (exit 2) before
+    any point is built."""
+    ratios = [knobs[PD_RATIO_KNOB] for knobs in expand_sweep(file.sweep, file.where) if PD_RATIO_KNOB in knobs]
+    pools = file.data.get("disaggregation")
+    if not ratios and pools:
+        ratios = [f"{pools.get('prefill', {}).get('replicas', 1)}:{pools.get('decode', {}).get('replicas', 1)}"]
+    for value in dict.fromkeys(ratios):
+        ratio = parse_pd_ratio(value, file.where)
+        if ratio is not None and max(ratio) > max_replicas:
+            raise KvplanError(f"{file.where}: {PD_RATIO_KNOB} {value} needs more than --max-replicas "
+                              f"{max_replicas} replicas in one pool")
 
 
 def own_rate_req_s(scenario: Scenario, base_dir: Path, where: str) -> float:
@@ -221,7 +251,8 @@ def _tasks(points: list[SweepPoint], targets: dict[int, list[float]], base_dir: 
                     data = {**copy.deepcopy(canonical), "allocators": [allocator], "seed": seed}
                     tasks.append(ReplicaTask(point.index, data, point.where, str(base_dir.resolve()),
                                              allocator, seed, rate, max_replicas, record_steps,
-                                             str(cache_dir.resolve()) if cache_dir else None))
+                                             str(cache_dir.resolve()) if cache_dir else None,
+                                             point.ratio))
     return tasks, notes
 
 
@@ -236,23 +267,25 @@ def _rows(points: list[SweepPoint], targets: dict[int, list[float]], results: li
         if point.scenario is None or point.deployment is None:
             rows.append(failed_row(point))
             continue
-        price = gpu_price(point.deployment, prices)
         for allocator in point.scenario.allocators:
             for rate in targets[point.index]:
-                rows.append(summarize_replicas(point, allocator, grouped[point.index, allocator, rate], price,
+                rows.append(summarize_replicas(point, allocator, grouped[point.index, allocator, rate], prices,
                                                notes.get(point.index)))
     return rows
 
 
-def _write_json(path: Path, rows: Sequence[ReplicaRow], results: Sequence[ReplicaResult],
+def _write_json(path: Path, scenario: dict[str, Any], rows: Sequence[ReplicaRow], results: Sequence[ReplicaResult],
                 notes: dict[int, str]) -> None:
     searches = [{
         "point": r.point_index, "allocator": r.allocator, "seed": r.seed, "search": "replicas",
         "target_rate_req_s": r.target_rate_req_s, "num_replicas": r.num_replicas, "start": r.start,
+        "pd_ratio": list(r.ratio) if r.ratio else None,
         "max_replicas": r.max_replicas, "bound": dataclasses.asdict(r.bound) if r.bound is not None else None,
+        # num_replicas: a disaggregated search's scale of pd_ratio
         "probes": [{"num_replicas": n, **p.to_json()} for n, p in zip(r.counts, r.probes)],
         "at_answer": r.at_answer.to_json() if r.at_answer else None} for r in results]
-    body: dict[str, Any] = {"rows": [dataclasses.asdict(r) for r in rows], "searches": searches,
+    # the scenario (sweep removed) as read: report.html states its SLO and setup
+    body: dict[str, Any] = {"scenario": scenario, "rows": [dataclasses.asdict(r) for r in rows], "searches": searches,
                             "notes": {str(k): v for k, v in sorted(notes.items())}}
     path.write_text(json.dumps(body, indent=1, sort_keys=True, default=str) + "\n")
 
@@ -263,3 +296,5 @@ def _write_plots(plot_dir: Path, rows: list[ReplicaRow]) -> None:
 
     replica_plots.plot_gpus_vs_target(plot_dir / "gpus_vs_target.png", rows)
     replica_plots.plot_cost_per_hour(plot_dir / "cost_per_hour.png", rows)
+    replica_plots.plot_agg_vs_disagg(plot_dir / "agg_vs_disagg.png", rows)
+    replica_plots.plot_layout_pareto(plot_dir / "pareto_layouts.png", rows)

@@ -9,6 +9,13 @@ A row folds one (point, allocator, target rate)'s per-seed replica searches
     $/h        price per GPU-hour × GPUs
     $/M tok    $/h / (3600 × output tok/s) × 10⁶, the output tok/s at the target (mean over seeds)
     req/s/GPU  target rate / GPUs
+    layout     agg TP2 ×3 (3 replicas of TP 2), or disagg P2×TP2 : D4×TP2 (2 prefill replicas of
+               TP 2, 4 decode replicas of TP 2): replicas and GPUs then count both pools, $/h
+               prices each pool's GPUs, and the range is in replicas of both pools
+    tok/s/GPU  output tok/s at the target / GPUs
+    tok/s/user 1 / mean TPOT at the target (mean over seeds): the token rate one stream sees,
+               as NVIDIA's AIConfigurator reports "tokens/s/user" (1000 / TPOT in ms: its README's
+               worked example, ai-dynamo/aiconfigurator README.md, TPOT 8.07 ms <-> 123.92)
 
 The latencies, output tok/s and goodput are each seed's at its own smallest count, averaged over
 seeds (a seed that needed fewer replicas than the row's count is measured at its fewer: the
@@ -26,9 +33,10 @@ from typing import Any
 
 from rich.console import Console
 
+from simulator.capacity.disagg_search import layout_label
 from simulator.capacity.replicas import ReplicaResult
 from simulator.capacity.search import limited_by
-from simulator.capacity.sweep import SweepPoint, csv_cell, usd_per_m_tokens, window_caveats
+from simulator.capacity.sweep import SweepPoint, csv_cell, gpu_price, usd_per_m_tokens, window_caveats
 from simulator.capacity.table import Column, print_fitted
 
 TITLE = "fewest replicas that hold the target rate under the SLO"
@@ -46,13 +54,15 @@ class ReplicaRow:
     allocator: str
     target_rate_req_s: float | None
     status: str  # ok | over-max | slo-unmet | failed (BLANK_STATUSES)
-    num_replicas: int | None = None  # the most any seed needed
+    layout: str = ""  # agg TP2 ×3 | disagg P2×TP2 : D4×TP2 (module docstring)
+    layout_kind: str = ""  # the layout without counts: agg TP2 | disagg 1:2 TP2/TP2 (prefill/decode TP)
+    num_replicas: int | None = None  # the most any seed needed (disaggregated: both pools)
     replicas_ci_low: int | None = None  # the fewest any seed needed
     replicas_ci_high: int | None = None
     num_gpus: int | None = None  # num_replicas × tensor_parallel
-    gpus_per_replica: int | None = None  # the point's tensor_parallel
+    gpus_per_replica: int | None = None  # the point's tensor_parallel (disaggregated: None)
     bound_replicas: int | None = None  # ⌈R / U₁⌉, the analytic lower bound the searches started at
-    max_replicas: int | None = None
+    max_replicas: int | None = None  # disaggregated: both pools' at the largest scale searched
     usd_per_hour: float | None = None
     usd_per_m_output_tokens: float | None = None
     price_usd_per_gpu_hour: float | None = None
@@ -68,23 +78,84 @@ class ReplicaRow:
     window_s: float | None = None
     message: str = ""
     window_note: str = ""
+    max_gpus: int | None = None  # the GPUs at max_replicas: where a layout that held nothing stops
+    prefill_replicas: int | None = None  # disaggregated layouts only
+    decode_replicas: int | None = None
+    tok_s_per_gpu: float | None = None
+    tok_s_per_user: float | None = None  # 1 / mean TPOT (module docstring)
+    # a disaggregated layout's prefill:decode ratio, reduced ("1:2"; None: aggregated); the
+    # pd_ratio knob's column, when swept, holds it as written
+    pool_ratio: str | None = None
+    setup: str = ""  # model and GPU ("Llama-3.1-70B on H100"; disaggregated: prefill -> decode GPU)
 
 
 ROW_FIELDS = tuple(f.name for f in dataclasses.fields(ReplicaRow) if f.name not in ("knobs", "point_index"))
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Shape:
+    """What one step of a point's count adds: replicas and GPUs (aggregated: one replica of TP
+    GPUs; disaggregated: ``p`` prefill and ``d`` decode replicas) and their USD per hour (None
+    when a GPU has no price)."""
+
+    ratio: tuple[int, int] | None
+    replicas: int
+    gpus: int
+    usd_per_hour: float | None
+    tp: int
+    prefill_tp: int | None = None
+    decode_tp: int | None = None
+
+
+def point_shape(point: SweepPoint, prices: dict[str, float]) -> Shape:
+    """The :class:`Shape` of a built point (``prices``: the ``--price`` overrides)."""
+    assert point.deployment is not None
+    if point.pools is None or point.ratio is None:
+        tp = point.deployment.capacity.tp
+        price = gpu_price(point.deployment, prices)
+        return Shape(None, 1, tp, price * tp if price else None, tp)
+    (p, d), (prefill, decode) = point.ratio, point.pools
+    tp_p, tp_d = prefill.capacity.tp, decode.capacity.tp
+    price_p, price_d = gpu_price(prefill, prices), gpu_price(decode, prices)
+    usd = p * tp_p * price_p + d * tp_d * price_d if price_p and price_d else None
+    return Shape((p, d), p + d, p * tp_p + d * tp_d, usd, tp_d, tp_p, tp_d)
+
+
+def point_setup(point: SweepPoint) -> str:
+    """``"<model> on <GPU>"``; a disaggregated layout on two GPU types: ``"<model> on <prefill
+    GPU> -> <decode GPU>"``. The panels of the agg-vs-disagg plot."""
+    assert point.deployment is not None
+    gpus = [point.deployment.gpu.name]
+    if point.pools is not None and point.pools[0].gpu.name != gpus[0]:
+        gpus.insert(0, point.pools[0].gpu.name)
+    return f"{point.deployment.model.name} on {' -> '.join(gpus)}"
+
+
 def summarize_replicas(point: SweepPoint, allocator: str, results: Sequence[ReplicaResult],
-                       price_usd_per_gpu_hour: float | None, note: str | None = None) -> ReplicaRow:
-    """Fold one (point, allocator, target)'s per-seed searches into a row (module docstring)."""
+                       prices: dict[str, float], note: str | None = None) -> ReplicaRow:
+    """Fold one (point, allocator, target)'s per-seed searches into a row (module docstring).
+    A seed's count is a number of replicas (aggregated) or a scale of the P:D ratio."""
     assert point.deployment is not None and results
-    tp = point.deployment.capacity.tp
+    shape = point_shape(point, prices)
     rate = results[0].target_rate_req_s
+
+    def label(count: int | None) -> str:
+        return layout_label(shape.ratio, count, shape.tp, prefill_tp=shape.prefill_tp,
+                            decode_tp=shape.decode_tp)
+
+    def counts(scale: int) -> str:  # "4", or a disaggregated layout's "P4 : D8"
+        return f"P{shape.ratio[0] * scale} : D{shape.ratio[1] * scale}" if shape.ratio else str(scale)
+
     base: dict[str, Any] = dict(
         point_index=point.index, knobs=point.knobs, allocator=allocator, target_rate_req_s=rate,
-        gpus_per_replica=tp, bound_replicas=max(r.start for r in results),
-        max_replicas=results[0].max_replicas,
-        price_usd_per_gpu_hour=price_usd_per_gpu_hour, num_seeds=len(results),
-        num_probes=sum(len(r.counts) for r in results))
+        pool_ratio=f"{shape.ratio[0]}:{shape.ratio[1]}" if shape.ratio else None, setup=point_setup(point),
+        layout_kind=(f"disagg {shape.ratio[0]}:{shape.ratio[1]} TP{shape.prefill_tp}/TP{shape.decode_tp}"
+                     if shape.ratio else f"agg TP{shape.tp}"),
+        gpus_per_replica=None if shape.ratio else shape.tp,
+        bound_replicas=max(r.start for r in results) * shape.replicas,
+        max_replicas=results[0].max_replicas * shape.replicas, max_gpus=results[0].max_replicas * shape.gpus,
+        price_usd_per_gpu_hour=shape.usd_per_hour / shape.gpus if shape.usd_per_hour else None,
+        num_seeds=len(results), num_probes=sum(len(r.counts) for r in results))
     messages = [note] if note else []
     unmet = [r for r in results if r.num_replicas is None]
     if unmet:
@@ -95,22 +166,28 @@ def summarize_replicas(point: SweepPoint, allocator: str, results: Sequence[Repl
                                         + "; ".join(last.failures))
         else:
             most = first.max_replicas
-            status, why = "over-max", (f"cannot hold {rate:.4g} req/s with up to {most} replicas "
-                                       f"({most * tp} GPUs): at {first.counts[-1]}, "
+            status, why = "over-max", (f"cannot hold {rate:.4g} req/s with up to {counts(most)} replicas "
+                                       f"({most * shape.gpus} GPUs): at {counts(first.counts[-1])}, "
                                        + "; ".join(last.failures))
-        return ReplicaRow(**base, status=status, message="; ".join([*messages, why]))
+        return ReplicaRow(**base, status=status, layout=label(None), message="; ".join([*messages, why]))
     counts = [r.num_replicas for r in results if r.num_replicas is not None]
     at = [r.at_answer for r in results if r.at_answer is not None]
-    replicas = max(counts)
-    gpus = replicas * tp
+    scale = max(counts)
+    gpus = scale * shape.gpus
+    usd_per_hour = shape.usd_per_hour * scale if shape.usd_per_hour else None
     tok_s = statistics.fmean(p.throughput_tok_s for p in at)
+    tpot_mean = _mean([p.tpot_mean_s for p in at])
     max_num_seqs = point.deployment.scheduler_config.max_num_seqs
     return ReplicaRow(
-        **base, status="ok", num_replicas=replicas, replicas_ci_low=min(counts), replicas_ci_high=replicas,
-        num_gpus=gpus, usd_per_hour=price_usd_per_gpu_hour * gpus if price_usd_per_gpu_hour else None,
-        usd_per_m_output_tokens=usd_per_m_tokens(price_usd_per_gpu_hour, gpus, tok_s),
+        **base, status="ok", layout=label(scale), num_replicas=scale * shape.replicas,
+        replicas_ci_low=min(counts) * shape.replicas, replicas_ci_high=scale * shape.replicas,
+        prefill_replicas=scale * shape.ratio[0] if shape.ratio else None,
+        decode_replicas=scale * shape.ratio[1] if shape.ratio else None,
+        num_gpus=gpus, usd_per_hour=usd_per_hour,
+        usd_per_m_output_tokens=usd_per_m_tokens(usd_per_hour / gpus if usd_per_hour else None, gpus, tok_s),
         rate_per_gpu_req_s=rate / gpus, ttft_p99_s=_mean([p.ttft_p99_s for p in at]),
         tpot_p99_s=_mean([p.tpot_p99_s for p in at]), throughput_tok_s=tok_s,
+        tok_s_per_gpu=tok_s / gpus, tok_s_per_user=1.0 / tpot_mean if tpot_mean else None,
         goodput_req_s=statistics.fmean(p.goodput_req_s for p in at),
         limited_by="/".join(sorted({limited_by(p, max_num_seqs) for p in at})),
         kv_used_peak=max((p.kv_used_peak for p in at if p.kv_used_peak is not None), default=None),
@@ -149,6 +226,7 @@ def _range(r: ReplicaRow) -> str:
 
 # In display order; the answer (replicas, GPUs) never goes, then cost, then latency.
 COLUMNS: tuple[Column, ...] = (
+    Column("layout", 0, lambda r: r.layout),
     Column("replicas", 0, lambda r: str(r.num_replicas)),
     Column("range", 6, _range),
     Column("GPUs", 0, lambda r: str(r.num_gpus)),
@@ -157,6 +235,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("TTFT p99", 3, lambda r: _num(r.ttft_p99_s)),
     Column("TPOT p99", 4, lambda r: _num(r.tpot_p99_s)),
     Column("req/s/GPU", 5, lambda r: _num(r.rate_per_gpu_req_s)),
+    Column("tok/s/GPU", 5, lambda r: _num(r.tok_s_per_gpu, ".4g")),
+    Column("tok/s/user", 5, lambda r: _num(r.tok_s_per_user, ".4g")),
     Column("bound", 7, lambda r: str(r.bound_replicas)),
 )
 TARGET_COLUMN = Column("target req/s", 0, lambda r: _num(r.target_rate_req_s, ".4g"))
@@ -176,7 +256,8 @@ def print_replica_table(console: Console, rows: Sequence[ReplicaRow], notes: dic
         columns = (TARGET_COLUMN, *COLUMNS)
     dropped = print_fitted(console, heading, columns, rows, BLANK_STATUSES)
     console.print("replicas: data-parallel copies of the TP group, least-outstanding routing; GPUs = "
-                  "replicas × TP; latencies measured at the target rate", markup=False)
+                  "replicas × TP (disagg: prefill and decode pools together); latencies measured at "
+                  "the target rate; tok/s/user = 1 / mean TPOT", markup=False)
     for r in rows:
         who = f"point {r.point_index}" + (f" {r.allocator}" if r.allocator else "")
         who += f" at {r.target_rate_req_s:.4g} req/s" if len(targets) > 1 and r.target_rate_req_s else ""

@@ -24,6 +24,10 @@ the smallest count that holds, found exactly (counts are integers, there is no t
 That is ``1 + ⌈log2(answer / n₀)⌉`` probes to bracket the answer plus the bisection of the last
 doubling; a point that still fails at ``max_replicas`` is reported as such after
 ``1 + ⌈log2(max_replicas / n₀)⌉`` probes.
+A disaggregated layout (:mod:`simulator.capacity.disagg_search`) is searched the same way on
+its scale ``k`` at a fixed prefill:decode ratio ``p:d`` (``k·p`` prefill and ``k·d`` decode
+replicas), from the lower of its two pools' ceilings; there ``counts`` are scales.
+
 A probe that rejects more requests than the SLO allows (longer than ``max_model_len``, more KV
 than a replica's pool) ends the search: the requests, not the replicas, are the problem, and
 every count would reject them alike.
@@ -32,6 +36,7 @@ every count would reject them alike.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,11 +44,11 @@ from pathlib import Path
 from typing import Any
 
 from simulator.capacity.bound import RateBound, rate_bound
+from simulator.capacity.disagg_search import pools_bound, scenario_at_scale, simulate_disagg_probe
 from simulator.capacity.search import Probe, RateWorkload, cached_probe, rejects_too_many, simulate_probe
 from simulator.deployment import Deployment, build_deployment
+from simulator.disagg import build_pools
 from simulator.scenario import parse_scenario
-
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +120,7 @@ class ReplicaTask:
     max_replicas: int
     record_steps: bool  # KV data at the answer (as the rate search's at_max)
     cache_dir: str | None
+    ratio: tuple[int, int] | None = None  # a disaggregated layout's P:D (None: aggregated)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +130,10 @@ class ReplicaResult:
     its count, and the probe at the answer with KV data (None without an answer).
 
     ``bound`` is the analytic ceiling of one replica, ``start`` the count it gave (⌈R / U₁⌉,
-    within ``[1, max_replicas]``)."""
+    within ``[1, max_replicas]``). With ``ratio`` (a disaggregated layout) every count —
+    ``num_replicas``, ``counts``, ``start``, ``max_replicas`` (the largest scale whose pools stay
+    within ``--max-replicas``) — is a scale of the P:D ratio, and ``bound`` the layout's at
+    scale 1."""
 
     point_index: int
     allocator: str
@@ -138,6 +147,7 @@ class ReplicaResult:
     start: int
     max_replicas: int
     everywhere: bool = False  # no answer because rejections fail the SLO at every count
+    ratio: tuple[int, int] | None = None  # disaggregated: counts are scales of this P:D
 
 
 def start_count(target_rate_req_s: float, bound: RateBound | None, most: int) -> int:
@@ -151,8 +161,8 @@ def start_count(target_rate_req_s: float, bound: RateBound | None, most: int) ->
 def run_replica_search(task: ReplicaTask) -> ReplicaResult:
     """Search one (point, allocator, seed, target rate); probes come from the cache when there.
 
-    The requests are built once (the count changes only the deployment); a deployment is built
-    per count tried."""
+    The requests are built once (the count changes only the deployment); a deployment (or, for
+    a disaggregated layout, a pair of pools) is built per count tried."""
     base_dir = Path(task.base_dir)
     scenario = parse_scenario(task.scenario, task.where)
     assert scenario.slo is not None, "the caller checks the slo section"
@@ -161,28 +171,41 @@ def run_replica_search(task: ReplicaTask) -> ReplicaResult:
     workload = RateWorkload(scenario.workload, seed=scenario.seed, base_dir=base_dir, where=task.where)
     requests = workload.at_rate(rate)
     clients = scenario.workload.client_policy(len(requests))
-    deployments: dict[int, Deployment] = {}
     memo: dict[tuple[int, bool], Probe] = {}
+    ratio = task.ratio
 
     def scenario_with(n: int) -> dict[str, Any]:
-        data = copy.deepcopy(task.scenario)
-        data["num_replicas"] = n
+        if ratio is None:
+            data = copy.deepcopy(task.scenario)
+            data["num_replicas"] = n
+        else:
+            data = scenario_at_scale(task.scenario, ratio, n)
         data["workload"].pop("rate_scale", None)
         data["workload"]["rate"] = rate
         return data
 
+    @functools.cache
     def deployment(n: int) -> Deployment:
-        if n not in deployments:
-            deployments[n] = build_deployment(parse_scenario(scenario_with(n), task.where), base_dir)
-        return deployments[n]
+        return build_deployment(parse_scenario(scenario_with(n), task.where), base_dir)
+
+    @functools.cache
+    def pools(n: int) -> tuple[Deployment, Deployment]:
+        return build_pools(parse_scenario(scenario_with(n), task.where), base_dir, where=task.where)
+
+    def simulate_at(n: int, record_steps: bool) -> Probe:
+        if ratio is None:
+            return simulate_probe(deployment(n), task.allocator, rate, task.seed, slo, requests,
+                                  record_steps=record_steps, clients=clients, stop_early=True)
+        assert scenario.disaggregation is not None
+        prefill, decode = pools(n)
+        return simulate_disagg_probe(prefill, decode, scenario.disaggregation.link, rate, task.seed, slo,
+                                     requests, record_steps=record_steps, clients=clients)
 
     def probe(n: int, record_steps: bool) -> Probe:
         if (n, record_steps) not in memo:
             memo[n, record_steps] = cached_probe(
                 task.cache_dir, scenario_with(n), task.base_dir, task.allocator, rate, task.seed,
-                record_steps, lambda: simulate_probe(deployment(n), task.allocator, rate, task.seed, slo,
-                                                     requests, record_steps=record_steps, clients=clients,
-                                                     stop_early=True))
+                record_steps, lambda: simulate_at(n, record_steps))
         return memo[n, record_steps]
 
     def fails_everywhere(n: int) -> bool:
@@ -192,12 +215,16 @@ def run_replica_search(task: ReplicaTask) -> ReplicaResult:
         return p.stopped_at_s is None and rejects_too_many(slo, num_requests=p.num_requests,
                                                            rejected=p.rejected)
 
-    bound = rate_bound(deployment(1), task.allocator, requests, slo) if requests else None
-    start = start_count(rate, bound, task.max_replicas)
-    found = smallest_holding(lambda n: probe(n, task.record_steps).ok, start, task.max_replicas,
+    bound = None
+    if requests:
+        bound = (rate_bound(deployment(1), task.allocator, requests, slo) if ratio is None
+                 else pools_bound(*pools(1), requests, slo))
+    most = task.max_replicas if ratio is None else max(1, task.max_replicas // max(ratio))
+    start = start_count(rate, bound, most)
+    found = smallest_holding(lambda n: probe(n, task.record_steps).ok, start, most,
                              fails_everywhere=fails_everywhere)
     probes = tuple(memo[n, task.record_steps] for n in found.counts)
     at_answer = probe(found.smallest, True) if found.smallest is not None else None
     everywhere = found.smallest is None and fails_everywhere(found.counts[-1])
     return ReplicaResult(task.point_index, task.allocator, task.seed, rate, found.smallest, found.counts,
-                         probes, at_answer, bound, start, task.max_replicas, everywhere)
+                         probes, at_answer, bound, start, most, everywhere, ratio)

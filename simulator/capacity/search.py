@@ -128,7 +128,7 @@ MAX_HALVINGS = 16  # start / 2^16: below that the SLO fails "at every rate"
 # bump when a probe's meaning changes, so old cache files are not reused. 5: probes stop early
 # (stopped_at_s), and TTFT/E2E include the latency model's request_overhead_s. 6: a scenario
 # without `engine:` runs vLLM V1 (it ran V0's policy), and probes route by `router:`
-CACHE_VERSION = 6
+CACHE_VERSION = 7
 FALLBACK_START_REQ_S = 1.0  # a rate search's start when the workload gives no lengths to bound it
 CLIENTS_PER_BATCH_SLOT = 2  # concurrency search: at most this × max_num_seqs × replicas clients
 
@@ -257,6 +257,7 @@ class Probe:
     steady: bool = True  # False: no steady window (every measured request sent at once)
     served_tok_s: float = 0.0  # output tokens emitted during the window, per second (docstring)
     stopped_at_s: float | None = None  # stopped early, its SLO certainly broken (module docstring)
+    tpot_mean_s: float | None = None  # 1 / this: the output tokens/s a stream sees (tokens/s/user)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -430,9 +431,22 @@ def simulate_probe(dep: Deployment, allocator: str, rate_req_s: float | None, se
     refusals = sum(rep.scheduler.num_kv_refusals for rep in result.replicas)
     if result.stopped is not None:
         assert rate_req_s is not None
-        return _stopped_probe(result, rate_req_s, seed, peak.max_batch_size, refusals)
+        return stopped_probe(result, rate_req_s, seed, peak.max_batch_size, refusals)
     frame = metrics.requests_frame(result)
     s = metrics.summarize(result, frame, None, dep.capacity_tokens)
+    return probe_of_run(result, frame, s, rate_req_s, seed, slo, clients, record_steps=record_steps,
+                        capacity_tokens=dep.capacity_tokens, max_batch_size=peak.max_batch_size,
+                        num_kv_refusals=refusals)
+
+
+def probe_of_run(result: SimResult, frame: pd.DataFrame, s: dict[str, Any], rate_req_s: float | None,
+                 seed: int, slo: SLOSpec, clients: Clients, *, record_steps: bool, capacity_tokens: int,
+                 max_batch_size: int, num_kv_refusals: int) -> Probe:
+    """The :class:`Probe` of a run that ended: ``frame`` its requests (a
+    :func:`simulator.metrics.requests_frame`), ``s`` its summary (:func:`simulator.metrics.summarize`
+    over a pool of ``capacity_tokens``), the SLO checked on them. Shared by aggregated probes and
+    disaggregated ones (:mod:`simulator.capacity.disagg_search`), whose merged run has both
+    pools' requests and the decode pool's steps."""
     measured = metrics.measured_requests(result, frame)
     offered = None
     if result.offered is not None:
@@ -447,7 +461,8 @@ def simulate_probe(dep: Deployment, allocator: str, rate_req_s: float | None, se
     window_start_s = float(arrivals.min()) if rates.steady else first_measured_s
     served = served_tok_s(frame, result.request_overhead_s, window_start_s, window_start_s + rates.window_s)
     p99 = {k: s[k]["p99"] for k in ("ttft_s", "tpot_s", "e2e_s", "queue_delay_s")}
-    failures = check_slo(slo, num_requests=len(requests), completed=s["completed"], rejected=s["rejected"],
+    num_requests = len(result.requests)
+    failures = check_slo(slo, num_requests=num_requests, completed=s["completed"], rejected=s["rejected"],
                          ttft_p99_s=p99["ttft_s"], tpot_p99_s=p99["tpot_s"], e2e_p99_s=p99["e2e_s"],
                          queue_growth=growth)
     kv: dict[str, float | None] = {"kv_used_mean": None, "kv_used_peak": None, "kv_token_state_mean": None}
@@ -455,22 +470,22 @@ def simulate_probe(dep: Deployment, allocator: str, rate_req_s: float | None, se
     if record_steps and totals.num_steps:
         # max(0, ...): 1 − free − external can come out as −1e-16 for an idle pool
         kv = {"kv_used_mean": max(0.0, 1.0 - s["kv"]["free"] - s["kv"]["external_fragmentation"]),
-              "kv_used_peak": totals.peak_used / dep.capacity_tokens,
+              "kv_used_peak": totals.peak_used / capacity_tokens,
               "kv_token_state_mean": s["kv"]["token_state"]}
     return Probe(
         rate_req_s=rates.rate_req_s if closed_loop else rate_req_s, seed=seed, ok=not failures,
-        failures=failures, num_requests=len(requests), completed=s["completed"], rejected=s["rejected"],
+        failures=failures, num_requests=num_requests, completed=s["completed"], rejected=s["rejected"],
         throughput_req_s=rates.throughput_req_s, throughput_tok_s=rates.throughput_tok_s,
         goodput_req_s=rates.goodput_req_s, window_s=rates.window_s, steady=rates.steady,
         served_tok_s=served,
         ttft_p99_s=p99["ttft_s"], tpot_p99_s=p99["tpot_s"], e2e_p99_s=p99["e2e_s"],
         queue_delay_p99_s=p99["queue_delay_s"], queue_growth=growth,
-        max_batch_size=peak.max_batch_size, num_kv_refusals=refusals, num_preemptions=s["num_preemptions"],
-        concurrency=clients.max_in_flight if closed_loop else None, **kv,
+        max_batch_size=max_batch_size, num_kv_refusals=num_kv_refusals, num_preemptions=s["num_preemptions"],
+        concurrency=clients.max_in_flight if closed_loop else None, tpot_mean_s=s["tpot_s"]["mean"], **kv,
     )
 
 
-def _stopped_probe(result: SimResult, rate_req_s: float, seed: int, max_batch_size: int,
+def stopped_probe(result: SimResult, rate_req_s: float, seed: int, max_batch_size: int,
                    num_kv_refusals: int) -> Probe:
     """The record of a probe stopped early: failed, on ``result.stopped``; the counts are those
     at the stop, and nothing is measured over requests that had not ended (Probe docstring)."""

@@ -33,8 +33,10 @@ from typing import Any
 
 import yaml
 
+from simulator.capacity.disagg_search import PD_RATIO_KNOB, parse_pd_ratio, scenario_at_scale
 from simulator.capacity.search import Probe, SearchResult, limited_by
 from simulator.deployment import Deployment, build_deployment
+from simulator.disagg import build_pools
 from simulator.errors import KvplanError, unknown_name
 from simulator.kv.gpus import get_gpu
 from simulator.scenario import Scenario, parse_scenario, set_dotted
@@ -98,6 +100,8 @@ def check_knob(key: str, where: str) -> None:
     """Raise KvplanError unless ``key`` (or each part of an ``a+b`` key) is a sweepable knob."""
     for part in key.split("+"):
         head = part.split(".")[0]
+        if part == PD_RATIO_KNOB:  # not a scenario key: the GPU-count search's (disagg_search)
+            continue
         if part in NOT_SWEEPABLE or head in ("name", "description", "seed"):
             why = NOT_SWEEPABLE.get(part) or NOT_SWEEPABLE.get(head, "")
             raise KvplanError(f"{where}: '{part}' cannot be swept" + (f" ({why})" if why else ""))
@@ -115,6 +119,8 @@ def parse_sweep_arg(text: str) -> tuple[str, list[Any]]:
     if "+" in key:
         raise KvplanError(f"--sweep {key}: zipped knobs (a+b) go in the scenario's sweep: section")
     check_knob(key, "--sweep")
+    if key == PD_RATIO_KNOB:  # "1:2" as YAML would be a base-60 integer (62)
+        return key, items
     try:
         return key, [yaml.safe_load(v) for v in items]
     except yaml.YAMLError:
@@ -149,7 +155,11 @@ def expand_sweep(sweep: dict[str, list[Any]], where: str) -> list[dict[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class SweepPoint:
-    """One point: its knobs and either a resolved scenario and deployment, or an error."""
+    """One point: its knobs and either a resolved scenario and deployment, or an error.
+
+    A disaggregated layout (:mod:`simulator.capacity.disagg_search`) has ``pools``, its prefill
+    and decode deployments at scale 1 of ``ratio``; ``deployment`` is then the decode pool's
+    (where the KV figures come from, as in :mod:`simulator.disagg`)."""
 
     index: int
     knobs: dict[str, Any]
@@ -158,28 +168,61 @@ class SweepPoint:
     scenario: Scenario | None
     deployment: Deployment | None
     error: str | None = None
+    pools: tuple[Deployment, Deployment] | None = None
+    ratio: tuple[int, int] | None = None  # prefill:decode replicas (None: aggregated)
 
 
-def resolve_points(file: CapacityFile) -> list[SweepPoint]:
-    """Apply each point's knobs to the base scenario, validate it and size its deployment."""
+def resolve_points(file: CapacityFile, *, disaggregated: bool = False) -> list[SweepPoint]:
+    """Apply each point's knobs to the base scenario, validate it and size its deployment.
+
+    ``disaggregated`` (the GPU-count search): a point with ``disaggregation:`` is a disaggregated
+    layout, sized as its two pools at scale 1 of its P:D ratio (knob ``pd_ratio``, else the
+    pools' own replicas); ``pd_ratio: agg`` drops ``disaggregation:``. Otherwise such a point
+    fails as ``build_deployment`` says (the rate search has no disaggregated probe)."""
     points = []
     for i, knobs in enumerate(expand_sweep(file.sweep, file.where)):
         where = file.where + (f" [{format_knobs(knobs)}]" if knobs else "")
         data = copy.deepcopy(file.data)
         try:
             for key, value in knobs.items():
-                set_dotted(data, key, value)
+                if key != PD_RATIO_KNOB:
+                    set_dotted(data, key, value)
             if "engine" in knobs and data.get("engine") == "sglang" and "allocators" not in knobs:
                 # a sweep over engines: SGLang's point runs its own token pool, the others
                 # every listed allocator (Scenario.allocators_of)
                 data["allocators"] = ["paged"]
+            ratio = _pd_ratio(data, knobs, where) if disaggregated else None
+            if ratio is not None:
+                data = scenario_at_scale(data, ratio, 1)
             scenario = parse_scenario(copy.deepcopy(data), where)
+            if ratio is not None:
+                pools = build_pools(scenario, file.base_dir, where=where)
+                points.append(SweepPoint(i, knobs, where, data, scenario, pools[1], pools=pools, ratio=ratio))
+                continue
             dep = build_deployment(scenario, file.base_dir)
         except KvplanError as err:
             points.append(SweepPoint(i, knobs, where, None, None, None, str(err)))
             continue
         points.append(SweepPoint(i, knobs, where, data, scenario, dep))
     return points
+
+
+def _pd_ratio(data: dict[str, Any], knobs: dict[str, Any], where: str) -> tuple[int, int] | None:
+    """The point's P:D ratio (None: aggregated); ``pd_ratio: agg`` removes ``disaggregation:``
+    from ``data``. A ratio without ``disaggregation:`` (the pools' GPUs and link) is an error."""
+    if PD_RATIO_KNOB not in knobs:
+        pools = data.get("disaggregation")
+        if not pools:
+            return None
+        return parse_pd_ratio(f"{pools.get('prefill', {}).get('replicas', 1)}:"
+                              f"{pools.get('decode', {}).get('replicas', 1)}", where)
+    ratio = parse_pd_ratio(knobs[PD_RATIO_KNOB], where)
+    if ratio is None:
+        data.pop("disaggregation", None)
+    elif not data.get("disaggregation"):
+        raise KvplanError(f"{where}: {PD_RATIO_KNOB} {knobs[PD_RATIO_KNOB]} needs disaggregation: in the "
+                          "scenario (each pool's gpu and tensor_parallel, and the link)")
+    return ratio
 
 
 def format_knobs(knobs: dict[str, Any]) -> str:

@@ -71,11 +71,13 @@ def test_table_columns_answers_and_cost(tmp_path: Path) -> None:
     assert run(str(scenario_file(tmp_path)), "--target-rate", "6,23.5", *COMMON, "--out", str(out)) == 0
     rows = read_csv(out / "capacity.csv")
     assert list(rows[0]) == [
-        "point", "tensor_parallel", "allocator", "target_rate_req_s", "status", "num_replicas",
-        "replicas_ci_low", "replicas_ci_high", "num_gpus", "gpus_per_replica", "bound_replicas",
-        "max_replicas", "usd_per_hour", "usd_per_m_output_tokens", "price_usd_per_gpu_hour",
-        "rate_per_gpu_req_s", "ttft_p99_s", "tpot_p99_s", "throughput_tok_s", "goodput_req_s",
-        "limited_by", "kv_used_peak", "num_seeds", "num_probes", "window_s", "message", "window_note"]
+        "point", "tensor_parallel", "allocator", "target_rate_req_s", "status", "layout", "layout_kind",
+        "num_replicas", "replicas_ci_low", "replicas_ci_high", "num_gpus", "gpus_per_replica",
+        "bound_replicas", "max_replicas", "usd_per_hour", "usd_per_m_output_tokens",
+        "price_usd_per_gpu_hour", "rate_per_gpu_req_s", "ttft_p99_s", "tpot_p99_s", "throughput_tok_s",
+        "goodput_req_s", "limited_by", "kv_used_peak", "num_seeds", "num_probes", "window_s", "message",
+        "window_note", "max_gpus", "prefill_replicas", "decode_replicas", "tok_s_per_gpu", "tok_s_per_user",
+        "pool_ratio", "setup"]
     got = [(r["point"], r["target_rate_req_s"], r["status"], r["num_replicas"], r["num_gpus"]) for r in rows]
     # ⌈6 × 0.4⌉ = 3 and ⌈23.5 × 0.4⌉ = 10 replicas, of 1 and then 2 GPUs each
     assert got == [("0", "6", "ok", "3", "3"), ("0", "23.5", "ok", "10", "10"),
@@ -91,7 +93,8 @@ def test_table_columns_answers_and_cost(tmp_path: Path) -> None:
     report = json.loads((out / "capacity.json").read_text())
     assert len(report["searches"]) == 4 and report["searches"][1]["num_replicas"] == 10
     assert [p["num_replicas"] for p in report["searches"][1]["probes"]] == [10, 9]
-    assert sorted(p.name for p in (out / "plots").iterdir()) == ["cost_per_hour.png", "gpus_vs_target.png"]
+    assert sorted(p.name for p in (out / "plots").iterdir()) == ["cost_per_hour.png", "gpus_vs_target.png",
+                                                                 "pareto_layouts.png"]
 
 
 def test_rerun_hits_the_cache(tmp_path: Path, count_simulations: list[int]) -> None:
