@@ -223,7 +223,9 @@ def plot_layout_pareto(path: Path, rows: Sequence[ReplicaRow]) -> Path | None:
                         markersize=7, color=colour, markerfacecolor=colour if f else "white", zorder=4)
                 if f:  # only the frontier's points are named: the others are dominated
                     gpu = f" ({r.setup.split(' on ')[-1]})" if len(setups) > 1 else ""
-                    ax.annotate(r.layout + gpu, (x, y), textcoords="offset points", xytext=(6, 3),
+                    right_half = x > 0.55 * max(xs)  # named leftwards there: the text stays inside
+                    ax.annotate(r.layout + gpu, (x, y), textcoords="offset points",
+                                xytext=(-6, 5) if right_half else (6, 3), ha="right" if right_half else "left",
                                 fontsize=7, color="#333333")
             ax.set_title(f"target {target:.4g} req/s")
             ax.set_xlabel("output tokens/s per user (1 / mean TPOT)")
@@ -239,8 +241,8 @@ def plot_layout_pareto(path: Path, rows: Sequence[ReplicaRow]) -> Path | None:
         handles.append(Line2D([], [], color="#999999", linewidth=7, alpha=0.35, label="Pareto frontier"))
         handles.append(Line2D([], [], color="#555555", marker="o", linestyle="none", markerfacecolor="white",
                               label="hollow: dominated (off the frontier)"))
-        fig.legend(handles=handles, loc="outside right upper")
-        fig.suptitle("Layouts worth choosing at each target: tokens/s per GPU vs per user, each layout at "
-                     "its fewest GPUs\n(up and right is better; the grey frontier's points are the "
+        fig.legend(handles=handles, loc="outside right center")
+        fig.suptitle("Layouts worth choosing at each target:\ntokens/s per GPU vs per user, each layout "
+                     "at its fewest GPUs\n(up and right is better; the frontier's points are the "
                      "non-dominated ones)")
         return _save(fig, path)
