@@ -14,6 +14,7 @@ the deployment is built and listed in run.json's notes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,13 +24,16 @@ from simulator.errors import KvplanError, warn_user
 from simulator.kv.allocator import KVAllocator
 from simulator.kv.contiguous import ContiguousAllocator
 from simulator.kv.gpus import GPUSpec, get_gpu
+from simulator.kv.hybrid import HybridPagedAllocator
 from simulator.kv.models import ModelConfig, load_model
 from simulator.kv.paged import PagedAllocator
-from simulator.kv.sizing import SCENARIO_KEYS, KVCapacity, kv_capacity
+from simulator.kv.quantization import resolve_quantization
+from simulator.kv.sizing import SCENARIO_KEYS, KVCapacity, hybrid_capacity_tokens, kv_capacity
 from simulator.latency import LatencyModel
 from simulator.latency.constant import ConstantLatency
 from simulator.latency.profile import ProfileLatency, check_profile_matches, read_profile
 from simulator.latency.roofline import RooflineLatency
+from simulator.latency.speculative import SpeculativeLatency, draft_head_model
 from simulator.refusals import check_startup
 from simulator.scenario import SGLANG_KNOBS, V1_KNOBS, Scenario
 from simulator.scheduler import Scheduler, SchedulerConfig, make_scheduler
@@ -51,7 +55,22 @@ class Deployment:
 
     @property
     def capacity_tokens(self) -> int:
-        return self.num_blocks * self.scheduler_config.block_size
+        """Tokens of KV the pool holds: blocks × block size; for a hybrid model's groups, the
+        context it holds at peak (:func:`simulator.kv.sizing.hybrid_capacity_tokens`: a block id
+        spans one group's layers only)."""
+        cfg, groups = self.scheduler_config, self.capacity.kv_groups
+        if groups is None:
+            return self.num_blocks * cfg.block_size
+        per_request = groups.max_blocks_per_request(cfg.max_model_len, cfg.max_num_batched_tokens)
+        return hybrid_capacity_tokens(self.num_blocks, per_request, cfg.max_model_len)
+
+    @property
+    def max_concurrency(self) -> float:
+        """Requests of ``max_model_len`` tokens the pool holds at once (vLLM's start-up line)."""
+        cfg, groups = self.scheduler_config, self.capacity.kv_groups
+        if groups is None:
+            return self.capacity_tokens / cfg.max_model_len
+        return self.num_blocks / groups.max_blocks_per_request(cfg.max_model_len, cfg.max_num_batched_tokens)
 
     def make_allocator(self, name: str) -> KVAllocator:
         cfg = self.scheduler_config
@@ -60,6 +79,8 @@ class Deployment:
             return RadixTokenPool(self.num_blocks, cfg.block_size,
                                   enable_prefix_caching=cfg.enable_prefix_caching,
                                   eviction_policy=cfg.radix_eviction_policy)
+        if name == "paged" and self.capacity.kv_groups is not None:
+            return HybridPagedAllocator(self.num_blocks, self.capacity.kv_groups)
         if name == "paged":
             offload = self.scenario.kv_offload  # vllm/v1/kv_offload/cpu/spec.py: whole-replica blocks
             return PagedAllocator(self.num_blocks, cfg.block_size,
@@ -101,7 +122,7 @@ class Deployment:
             "max_num_seqs": self.scheduler_config.max_num_seqs,
             "max_num_batched_tokens": self.scheduler_config.max_num_batched_tokens,
             "enable_prefix_caching": self.scheduler_config.enable_prefix_caching,
-            "max_concurrency_at_max_model_len": self.capacity_tokens / self.scheduler_config.max_model_len,
+            "max_concurrency_at_max_model_len": self.max_concurrency,
             "notes": list(cap.notes) + list(self.warnings),
             "warnings": list(self.warnings),
             "latency_model": describe() if describe else {},
@@ -206,13 +227,15 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
             model, gpu, tp=tp, kv_cache_dtype=kv_cache_dtype, quantization=scenario.quantization,
             block_size=block_size, gpu_memory_utilization=knobs.gpu_memory_utilization,
             max_num_batched_tokens=batched, max_num_seqs=max_seqs or 1, max_model_len=max_model_len,
-            knobs=SCENARIO_KEYS, static_fraction=sglang)
+            knobs=SCENARIO_KEYS, static_fraction=sglang,
+            hybrid_kv_cache_manager=_hybrid_manager(scenario))
 
     try:
         cap = capacity_at(scenario.tensor_parallel, scenario.kv_cache_dtype)
     except KvplanError as err:
         raise KvplanError(f"{where}: {err}") from None
     startup = check_startup(model, gpu, cap, block_size=block_size, engine=scenario.engine,
+                            max_num_batched_tokens=batched,
                             max_model_len=max_model_len,
                             num_gpu_blocks_override=scenario.num_gpu_blocks_override,
                             capacity_at=capacity_at)
@@ -220,6 +243,9 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
     for warning in said:
         warn_user(f"{where}: {warning}")
     num_blocks = scenario.num_gpu_blocks_override or cap.num_blocks
+    drafter = _drafter_model(scenario, model, where)
+    if drafter is not None and not scenario.num_gpu_blocks_override:
+        num_blocks = _blocks_less_draft_weights(scenario, drafter, gpu, cap, block_size, num_blocks, where)
     if sglang:
         from simulator.scheduler.sglang import sglang_max_running_requests
         max_seqs = sglang_max_running_requests(num_blocks * block_size, max_model_len,
@@ -228,16 +254,91 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
     try:
         sched = SchedulerConfig(
             max_num_seqs=max_seqs, max_num_batched_tokens=batched, max_model_len=max_model_len,
-            block_size=block_size, enable_chunked_prefill=scenario.enable_chunked_prefill,
+            block_size=cap.block_size, enable_chunked_prefill=scenario.enable_chunked_prefill,
             enable_prefix_caching=knobs.enable_prefix_caching,
             preemption_mode=scenario.preemption_mode, swap_space_tokens=swap_tokens,
             beam_replace_prob=scenario.beam_replace_prob, seed=scenario.seed,
-            engine=scenario.engine, **knobs.engine_knobs,
+            engine=scenario.engine, **knobs.engine_knobs, **_spec_knobs(scenario),
         )
     except ValueError as err:
         raise KvplanError(f"{where}: {err}") from None
     latency = _latency_model(scenario, base_dir, model, gpu, cap, block_size, force_profile)
+    if scenario.speculative is not None:
+        latency = _speculative_latency(scenario, latency, drafter, gpu, block_size, where)
     return Deployment(scenario, model, gpu, cap, num_blocks, sched, latency, said)
+
+
+def _drafter_model(scenario: Scenario, target: ModelConfig, where: str) -> ModelConfig | None:
+    """The model whose weights and passes speculative decoding adds: the catalog draft model,
+    an EAGLE/MTP head (simulator/latency/speculative.py), or None (n-gram, or no speculation)."""
+    spec = scenario.speculative
+    if spec is None or spec.method == "ngram":
+        return None
+    if spec.method in ("eagle", "mtp"):
+        return draft_head_model(target)
+    try:
+        return load_model(spec.draft_model)  # type: ignore[arg-type]
+    except KvplanError as err:
+        raise KvplanError(f"{where}: speculative.draft_model: {err}") from None
+
+
+def _blocks_less_draft_weights(scenario: Scenario, drafter: ModelConfig, gpu: GPUSpec,
+                               cap: KVCapacity, block_size: int, num_blocks: int, where: str) -> int:
+    """KV blocks left once the drafter's weights (per rank, at the scenario's quantization) are
+    loaded: vLLM profiles memory with the draft model loaded beside the target
+    (vllm/v1/worker/gpu_model_runner.py ``load_model`` loads the drafter), so its weights come
+    out of the KV budget. An EAGLE/MTP head's embedding and lm_head are the target's (shared in
+    ``EagleProposer.load_model``, vllm/v1/spec_decode/eagle.py): only its layer counts."""
+    fmt = resolve_quantization(drafter, scenario.quantization, gpu)
+    weights = fmt.weight_bytes
+    if scenario.speculative is not None and scenario.speculative.method in ("eagle", "mtp"):
+        shared = drafter.vocab_size * drafter.hidden_size * (1 if drafter.tie_word_embeddings else 2)
+        weights = fmt.weight_bytes * max(drafter.num_params - shared, 0) / drafter.num_params
+    per_rank = math.ceil(weights / scenario.tensor_parallel)
+    left = num_blocks - math.ceil(per_rank / (block_size * cap.bytes_per_token))
+    if left < 1:
+        raise KvplanError(f"{where}: speculative: the draft weights ({per_rank / GIB:.1f} GiB per "
+                          "rank) leave no KV block; raise tensor_parallel or pick a smaller draft")
+    return left
+
+
+def _speculative_latency(scenario: Scenario, base: LatencyModel, drafter: ModelConfig | None,
+                         gpu: GPUSpec, block_size: int, where: str) -> LatencyModel:
+    """The target's verify pass plus the drafter's passes (simulator/latency/speculative.py)."""
+    spec = scenario.speculative
+    assert spec is not None
+    if not isinstance(base, RooflineLatency):
+        raise KvplanError(f"{where}: speculative: needs latency model roofline (the verify and "
+                          f"draft passes are costed from the catalog), not {scenario.latency.model}")
+    draft = None
+    if drafter is not None:
+        # the drafter's passes run inside the engine's step: its per-step overheads are the
+        # target's, paid once
+        draft = RooflineLatency(drafter, gpu, tp=scenario.tensor_parallel,
+                                kv_cache_dtype=scenario.kv_cache_dtype, block_size=block_size,
+                                constants=base.constants, step_overhead_s=0.0, prefill_overhead_s=0.0)
+    return SpeculativeLatency(base, spec.num_speculative_tokens, draft)
+
+
+def _spec_knobs(scenario: Scenario) -> dict[str, Any]:
+    """SchedulerConfig's speculative fields; lookahead slots as vLLM's ``Scheduler.__init__``
+    sets them: k when the proposer keeps KV (``use_eagle()``: eagle, eagle3, mtp;
+    ``uses_draft_model()``), else 0 (vllm/v1/core/sched/scheduler.py)."""
+    spec = scenario.speculative
+    if spec is None:
+        return {}
+    k = spec.num_speculative_tokens
+    return {"num_speculative_tokens": k, "spec_acceptance": spec.rates,
+            "num_lookahead_tokens": 0 if spec.method == "ngram" else k}
+
+
+def _hybrid_manager(scenario: Scenario) -> bool:
+    """Whether the pool is sized and allocated as vLLM's hybrid KV cache manager does: vLLM V1
+    with the paged allocator only, unless ``disable_hybrid_kv_cache_manager``. Contiguous
+    regions cannot drop a window's old tokens, and V0 and SGLang size every layer as full
+    attention here, so those pools keep every token of every layer."""
+    return (scenario.engine == "vllm-v1" and not scenario.disable_hybrid_kv_cache_manager
+            and all(name == "paged" for name in scenario.allocators))
 
 
 def _resolve(path: str, base_dir: Path) -> str:

@@ -205,4 +205,27 @@ def summarize(result: SimResult, requests: Any, steps: Any, capacity_tokens: int
             "loaded_blocks": sum(a.num_offload_hit_blocks for a in tiers),
             "stored_blocks": sum(a.num_offload_stored_blocks for a in tiers),
             "cpu_evicted_blocks": sum(a.num_offload_evictions for a in tiers)}
+    spec = [s.spec_stats() for s in schedulers if hasattr(s, "spec_stats")]
+    if spec:  # speculative decoding (simulator/scheduler/spec.py), over every replica
+        summary["speculative"] = _spec_summary(spec)
     return summary
+
+
+def _spec_summary(stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """Replicas' speculative-decoding counts merged, with vLLM's ratios (SpecDecodingLogging.log,
+    vllm/v1/spec_decode/metrics.py): mean acceptance length ``1 + accepted / drafts`` (tokens
+    per verify pass per sequence, the bonus token included) and per position the share of drafts
+    whose draft at that position was accepted."""
+    drafts = sum(s["num_drafts"] for s in stats)
+    accepted = sum(s["num_accepted_tokens"] for s in stats)
+    per_pos = [sum(s["acceptance_per_position"][i] * s["num_drafts"] for s in stats)
+               for i in range(len(stats[0]["acceptance_per_position"]))]
+    emitted = sum(s["emitted_tokens_per_step"] * s["num_drafts"] for s in stats)
+    return {
+        "num_drafts": drafts,
+        "num_draft_tokens": sum(s["num_draft_tokens"] for s in stats),
+        "num_accepted_tokens": accepted,
+        "mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
+        "acceptance_per_position": [c / drafts if drafts else 0.0 for c in per_pos],
+        "emitted_tokens_per_step": emitted / drafts if drafts else 1.0,
+    }

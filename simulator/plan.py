@@ -62,6 +62,10 @@ class StepPlan(NamedTuple):
     preempted: tuple[int, ...] = ()  # request ids preempted while building this step
     # Detail mode only (None otherwise): one SeqDetail per scheduled sequence, prefills first.
     details: tuple[SeqDetail, ...] | None = None
+    # speculative decoding: draft tokens verified this step, over every decoding sequence (each
+    # decode's query is its next token plus its drafts; decode_context_tokens still counts each
+    # sequence's KV up to its first query token). 0 without speculation.
+    num_spec_tokens: int = 0
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -69,7 +73,8 @@ class StepPlan(NamedTuple):
 
     @property
     def num_batched_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_seqs
+        """Tokens the step computes: prefill chunks, one per decode, and the drafts verified."""
+        return self.num_prefill_tokens + self.num_decode_seqs + self.num_spec_tokens
 
     @property
     def batch_size(self) -> int:

@@ -98,7 +98,8 @@ class StartupCheck:
 
 def check_startup(model: ModelConfig, gpu: GPUSpec, cap: KVCapacity, *, block_size: int,
                   max_model_len: int, num_gpu_blocks_override: int | None,
-                  capacity_at: CapacityAt, engine: str = "vllm-v1") -> StartupCheck:
+                  capacity_at: CapacityAt, engine: str = "vllm-v1",
+                  max_num_batched_tokens: int = 8192) -> StartupCheck:
     """Every check of the module docstring for ``model`` on ``gpu`` with the KV budget ``cap``.
 
     ``max_model_len`` is the one the deployment runs with; ``capacity_at(tp, kv_cache_dtype)``
@@ -120,8 +121,8 @@ def check_startup(model: ModelConfig, gpu: GPUSpec, cap: KVCapacity, *, block_si
     window = check_window(model, max_model_len)
     if window is not None:
         refusals.append(window)
-    memory = check_kv_memory(model, gpu, cap, max_model_len, capacity_at)
-    if memory is not None and model.num_sliding_window_layers:
+    memory = check_kv_memory(model, gpu, cap, max_model_len, capacity_at, max_num_batched_tokens)
+    if memory is not None and model.num_sliding_window_layers and cap.kv_groups is None:
         warnings.append(
             f"max_model_len {max_model_len:,} does not fit the KV capacity sized as full attention"
             f" ({cap.capacity_tokens:,} tokens), but {model.name} has sliding-window layers, which"
@@ -168,22 +169,36 @@ def check_window(model: ModelConfig, max_model_len: int) -> Refusal | None:
 
 
 def check_kv_memory(model: ModelConfig, gpu: GPUSpec, cap: KVCapacity, max_model_len: int,
-                    capacity_at: CapacityAt) -> Refusal | None:
+                    capacity_at: CapacityAt, max_num_batched_tokens: int = 8192) -> Refusal | None:
     """KV memory that cannot hold one request of ``max_model_len`` tokens.
 
-    vLLM needs ``ceil(max_model_len / block_size)`` blocks of KV for one request and compares
-    their bytes with the KV memory available; its estimate of the longest length that fits is
-    the largest L with ``ceil(L / block_size)`` blocks in that memory: whole blocks × block_size.
+    vLLM sums every layer's ``max_memory_usage_bytes`` for one request of ``max_model_len``
+    tokens and compares it with the KV memory available; its estimate of the longest length
+    that fits is a binary search over the same sum (vllm/v1/core/kv_cache_utils.py
+    ``check_enough_kv_cache_memory``, ``estimate_max_model_len``). With every layer full
+    attention that is ``ceil(L / block_size)`` blocks: whole blocks × block_size. With the
+    hybrid manager's groups (``cap.kv_groups``), a sliding or chunked layer needs only its
+    window plus a step's tokens, a linear-attention layer its state
+    (:meth:`~simulator.kv.sizing.HybridKVLayout.max_blocks_per_request`).
     """
-    needed_bytes = math.ceil(max_model_len / cap.block_size) * cap.block_bytes
+    needed_bytes = one_request_kv_bytes(cap, max_model_len, max_num_batched_tokens)
     if needed_bytes <= cap.available_kv_bytes:
         return None
-    fits = cap.available_kv_bytes // cap.block_bytes * cap.block_size
+    if cap.kv_groups is None:
+        fits = cap.available_kv_bytes // cap.block_bytes * cap.block_size
+    else:  # the largest length that fits: the bytes needed do not decrease with the length
+        lo, hi = 0, max_model_len
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            ok = one_request_kv_bytes(cap, mid, max_num_batched_tokens) <= cap.available_kv_bytes
+            lo, hi = (mid, hi) if ok else (lo, mid - 1)
+        fits = lo
     remedies = [f"lower max_model_len to {fits:,}"]
-    bigger_tp = _smallest_tp_that_fits(cap, max_model_len, capacity_at)
+    bigger_tp = _smallest_tp_that_fits(cap, max_model_len, capacity_at, max_num_batched_tokens)
     if bigger_tp is not None:
         remedies.append(f"raise tensor_parallel to {bigger_tp}")
-    if kv_dtype_bytes(cap.kv_cache_dtype) > 1 and _fits(capacity_at, cap.tp, "fp8", max_model_len):
+    if kv_dtype_bytes(cap.kv_cache_dtype) > 1 and _fits(capacity_at, cap.tp, "fp8", max_model_len,
+                                                            max_num_batched_tokens):
         remedies.append("set kv_cache_dtype: fp8")
     utilization = _utilization_that_fits(gpu, cap, needed_bytes)
     if utilization is not None:
@@ -234,20 +249,28 @@ def _utilization_that_fits(gpu: GPUSpec, cap: KVCapacity, needed_bytes: int) -> 
     return wanted if wanted <= MAX_SUGGESTED_UTILIZATION else None
 
 
-def _smallest_tp_that_fits(cap: KVCapacity, max_model_len: int,
-                           capacity_at: CapacityAt) -> int | None:
+def one_request_kv_bytes(cap: KVCapacity, length: int, max_num_batched_tokens: int) -> int:
+    """KV bytes per rank one request of ``length`` tokens may need (:func:`check_kv_memory`)."""
+    if cap.kv_groups is None:
+        return math.ceil(length / cap.block_size) * cap.block_bytes
+    return cap.kv_groups.max_blocks_per_request(length, max_num_batched_tokens) * cap.kv_groups.block_bytes
+
+
+def _smallest_tp_that_fits(cap: KVCapacity, max_model_len: int, capacity_at: CapacityAt,
+                           max_num_batched_tokens: int) -> int | None:
     for tp in _TP_CANDIDATES:
-        if tp > cap.tp and _fits(capacity_at, tp, cap.kv_cache_dtype, max_model_len):
+        if tp > cap.tp and _fits(capacity_at, tp, cap.kv_cache_dtype, max_model_len, max_num_batched_tokens):
             return tp
     return None
 
 
-def _fits(capacity_at: CapacityAt, tp: int, kv_cache_dtype: str, max_model_len: int) -> bool:
+def _fits(capacity_at: CapacityAt, tp: int, kv_cache_dtype: str, max_model_len: int,
+          max_num_batched_tokens: int) -> bool:
     try:
         other = capacity_at(tp, kv_cache_dtype)
     except KvplanError:  # TP does not divide the heads, weights do not fit, ...
         return False
-    return math.ceil(max_model_len / other.block_size) * other.block_bytes <= other.available_kv_bytes
+    return one_request_kv_bytes(other, max_model_len, max_num_batched_tokens) <= other.available_kv_bytes
 
 
 def _either(options: list[str]) -> str:

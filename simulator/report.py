@@ -90,6 +90,11 @@ def summary_table(summary: dict[str, dict[str, Any]], title: str) -> Table:
     row("KV external frag.", lambda s: f"{s['kv']['external_fragmentation']:.1%}")
     if any(s["prefix_hit_rate"] for s in summary.values()):
         row("prefix hit rate", lambda s: f"{s['prefix_hit_rate']:.1%}")
+    if any("speculative" in s for s in summary.values()):
+        row("spec. accepted length", lambda s: "—" if "speculative" not in s
+            else f"{s['speculative']['mean_acceptance_length']:.2f}")
+        row("spec. acceptance by position", lambda s: "—" if "speculative" not in s
+            else " ".join(f"{a:.0%}" for a in s["speculative"]["acceptance_per_position"]))
     return table
 
 

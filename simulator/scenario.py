@@ -21,6 +21,7 @@
     enable_prefix_caching: false   # default: true for vllm-v1 and sglang, false for vllm-v0
     swap_space: 4                  # GiB of CPU memory per GPU for swapped-out KV
     kv_offload: {size_gib: 64}     # a CPU tier below HBM's prefix cache (vLLM's OffloadingConnector)
+    speculative: {method: eagle, num_speculative_tokens: 3, acceptance_rate: 0.7}   # vllm-v1
     preemption_mode: recompute
     latency: {model: roofline}     # or {model: profile, profile: profiles/h100-llama-3.1-8b.yaml}
     workload: {trace: bundled:azure-conv}
@@ -193,6 +194,56 @@ class KVOffloadSpec(_Spec):
     bandwidth_gb_s: Annotated[float, Field(gt=0, le=100_000)] | None = None
 
 
+SPEC_METHODS: tuple[str, ...] = ("eagle", "draft_model", "mtp", "ngram")
+
+
+class SpeculativeSpec(_Spec):
+    """``speculative:``: speculative decoding, as vLLM's ``--speculative-config`` names it
+    (vllm/config/speculative.py: ``method``, ``num_speculative_tokens``, ``model``). The target
+    accepts draft i with probability ``per_position[i]`` given drafts 1..i-1 were accepted, or
+    ``acceptance_rate`` at every position (simulator/scheduler/spec.py). Engine vllm-v1 only."""
+
+    method: str
+    num_speculative_tokens: int
+    acceptance_rate: float | None = None
+    per_position: tuple[float, ...] | None = None
+    draft_model: str | None = None  # catalog name of the draft model (method draft_model only)
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, value: str) -> str:
+        if value not in SPEC_METHODS:
+            hint = did_you_mean(value, SPEC_METHODS) or f" (known: {', '.join(SPEC_METHODS)})"
+            raise ValueError(f"unknown speculative method {value!r}{hint}")
+        return value
+
+    @model_validator(mode="after")
+    def _rates(self) -> SpeculativeSpec:
+        k = self.num_speculative_tokens
+        if k < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {k}")
+        if (self.acceptance_rate is None) == (self.per_position is None):
+            raise ValueError("give acceptance_rate or per_position (one of them)")
+        if self.per_position is not None and len(self.per_position) != k:
+            raise ValueError(f"per_position needs {k} rates (num_speculative_tokens), got "
+                             f"{len(self.per_position)}")
+        for rate in self.rates:
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"acceptance rates must be in [0, 1], got {rate}")
+        if self.method == "draft_model" and not self.draft_model:
+            raise ValueError("method draft_model needs draft_model: <catalog model name>")
+        if self.method != "draft_model" and self.draft_model:
+            raise ValueError(f"draft_model is for method draft_model, not {self.method}")
+        return self
+
+    @property
+    def rates(self) -> tuple[float, ...]:
+        """P(draft i accepted | drafts before it accepted), one per position."""
+        if self.per_position is not None:
+            return tuple(self.per_position)
+        return (float(self.acceptance_rate),) * self.num_speculative_tokens  # type: ignore[arg-type]
+
+
 class Scenario(_Spec):
     name: str = ""
     description: str = ""
@@ -248,6 +299,9 @@ class Scenario(_Spec):
     # prefill/decode disaggregation (simulator/disagg.py): engine vllm-v1, allocator paged
     disaggregation: DisaggregationSpec | None = None
     kv_offload: KVOffloadSpec | None = None
+    speculative: SpeculativeSpec | None = None  # speculative decoding (vllm-v1)
+    # vLLM's --disable-hybrid-kv-cache-manager: size sliding/chunked layers as full attention
+    disable_hybrid_kv_cache_manager: bool = False
 
     @field_validator("engine", mode="before")
     @classmethod
@@ -305,6 +359,14 @@ class Scenario(_Spec):
         if engines == ("sglang",) and self.allocators != ("paged",):
             raise ValueError("engine sglang manages its own token pool: allocators must be "
                              "[paged] (compare contiguous reservation under engine vllm-v0)")
+        return self
+
+    @model_validator(mode="after")
+    def _speculative(self) -> Scenario:
+        """Speculative decoding is simulated on vLLM V1's scheduler only."""
+        if self.speculative is not None and self.engines != ("vllm-v1",):
+            raise ValueError(f"speculative: simulated for engine vllm-v1 only, not "
+                             f"{', '.join(e for e in self.engines if e != 'vllm-v1')}")
         return self
 
     @model_validator(mode="after")

@@ -27,6 +27,7 @@ from simulator.kv.sizing import (
     kv_capacity,
     kv_layout,
     model_kv_layout,
+    sequence_kv_bytes,
 )
 
 _DEFAULT_ROPE_DIM = 64  # DeepSeek-V2/V3's qk_rope_head_dim, the usual MLA companion width
@@ -76,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("seq_len", "batch", "tp", "block_size"):
         _positive(flag, getattr(args, flag))
     model, layout = _resolve(args)
-    total_bytes = layout.bytes_per_token * args.seq_len * args.batch
+    per_seq = (sequence_kv_bytes(model, layout, args.seq_len) if model is not None
+               else layout.bytes_per_token * args.seq_len)
+    total_bytes = per_seq * args.batch
     capacity = None
     if args.gpu is not None:
         if model is None:
@@ -142,6 +145,9 @@ def _result(args: argparse.Namespace, model: ModelConfig | None, layout: KVLayou
     }
     if cap is not None:
         blocks_per_seq = math.ceil(args.seq_len / cap.block_size)
+        if cap.kv_groups is not None:  # every group's blocks, window groups' at their fullest
+            blocks_per_seq = sum(g.blocks_held(args.seq_len, cap.block_size) + (
+                g.window is not None and args.seq_len > g.window) for g in cap.kv_groups.groups)
         result.update({
             "gpu": cap.gpu_name, "block_size": cap.block_size, "block_bytes": cap.block_bytes,
             "gpu_memory_utilization": args.gpu_memory_utilization,

@@ -11,7 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from simulator.errors import KvplanError, did_you_mean
-from simulator.kv.model_config import FULL_ATTENTION, SLIDING_ATTENTION, ModelConfig
+from simulator.kv.model_config import (
+    CHUNKED_ATTENTION,
+    FULL_ATTENTION,
+    LINEAR_ATTENTION,
+    SLIDING_ATTENTION,
+    ModelConfig,
+)
 from simulator.kv.quant_config import CheckpointQuant
 
 _CATALOG: dict[str, ModelConfig] = {}
@@ -51,10 +57,9 @@ def _model(name: str, hf_ids: tuple[str, ...], layers: int, heads: int, kv_heads
     ), *hf_ids)
 
 
-def _every(period: int, layers: int) -> tuple[str, ...]:
-    """Layer kinds where every ``period``-th layer (1-based) is full and the rest slide."""
-    return tuple(FULL_ATTENTION if (i + 1) % period == 0 else SLIDING_ATTENTION
-                 for i in range(layers))
+def _every(period: int, layers: int, other: str = SLIDING_ATTENTION) -> tuple[str, ...]:
+    """Layer kinds where every ``period``-th layer (1-based) is full and the rest are ``other``."""
+    return tuple(FULL_ATTENTION if (i + 1) % period == 0 else other for i in range(layers))
 
 
 _model("OPT-13B", ("facebook/opt-13b",), 40, 40, 40, 5120, 20480, 50272, "float16", 2048,
@@ -147,6 +152,43 @@ _model("gpt-oss-120b", ("openai/gpt-oss-120b",), 36, 64, 8, 2880, 2880, 201088, 
 _model("Gemma-3-27B", ("google/gemma-3-27b-it", "google/gemma-3-27b-pt"), 62, 32, 16, 5376,
        21504, 262208, "bfloat16", 131072, model_type="gemma3_text", head_dim=128, tie=True,
        layer_types=_every(6, 62), sliding_window=1024)
+# Gemma 3 12B (text tower): text_config {head_dim 256, hidden 3840, intermediate 15360,
+# 48 layers, 16 heads, 8 KV heads, sliding_window 1024}; the rest as the 27B (Gemma3TextConfig
+# defaults: vocab 262208, window 131072, tied, sliding_window_pattern 6).
+_model("Gemma-3-12B", ("google/gemma-3-12b-it", "google/gemma-3-12b-pt"), 48, 16, 8, 3840,
+       15360, 262208, "bfloat16", 131072, model_type="gemma3_text", head_dim=256, tie=True,
+       layer_types=_every(6, 48), sliding_window=1024)
+# Llama 4 (text model; the vision tower is not counted): text_config {hidden 5120, 40 heads,
+# 8 KV heads, head_dim 128, 48 layers, intermediate_size 8192 (each routed and the shared
+# expert), intermediate_size_mlp 16384 (dense layers), num_experts_per_tok 1, vocab 202048,
+# attention_chunk_size 8192, no_rope_layers 1,1,1,0 repeated (3 chunked-local layers per
+# global NoPE layer)}. Scout: 16 experts, interleave_moe_layer_step 1 (every layer MoE),
+# max_position_embeddings 262144 (meta-llama/Llama-4-Scout-17B-16E); Maverick: 128 experts,
+# interleave_moe_layer_step 2 (odd layers MoE), max_position_embeddings 1048576.
+_LLAMA4_LAYERS = _every(4, 48, CHUNKED_ATTENTION)
+_model("Llama-4-Scout", ("meta-llama/Llama-4-Scout-17B-16E",
+                         "meta-llama/Llama-4-Scout-17B-16E-Instruct"),
+       48, 40, 8, 5120, 16384, 202048, "bfloat16", 262144, model_type="llama4_text",
+       head_dim=128, layer_types=_LLAMA4_LAYERS, attention_chunk_size=8192,
+       n_routed_experts=16, num_experts_per_tok=1, moe_intermediate_size=8192, n_shared_experts=1)
+_model("Llama-4-Maverick", ("meta-llama/Llama-4-Maverick-17B-128E",
+                            "meta-llama/Llama-4-Maverick-17B-128E-Instruct"),
+       48, 40, 8, 5120, 16384, 202048, "bfloat16", 1048576, model_type="llama4_text",
+       head_dim=128, layer_types=_LLAMA4_LAYERS, attention_chunk_size=8192,
+       n_routed_experts=128, num_experts_per_tok=1, moe_intermediate_size=8192,
+       n_shared_experts=1, decoder_sparse_step=2)
+# Qwen3-Next-80B-A3B: hidden 2048, 48 layers, full_attention_interval 4 (36 Gated DeltaNet
+# layers, 12 gated full-attention layers of 16 heads, 2 KV heads, head_dim 256), linear_num_key_heads
+# 16, linear_num_value_heads 32, linear_key/value_head_dim 128, linear_conv_kernel_dim 4;
+# 512 experts of 512, 10 per token, shared_expert_intermediate_size 512; vocab 151936, untied,
+# max_position_embeddings 262144 (Qwen/Qwen3-Next-80B-A3B-Instruct config.json).
+_model("Qwen3-Next-80B-A3B", ("Qwen/Qwen3-Next-80B-A3B-Instruct",
+                              "Qwen/Qwen3-Next-80B-A3B-Thinking"),
+       48, 16, 2, 2048, 5120, 151936, "bfloat16", 262144, model_type="qwen3_next", head_dim=256,
+       layer_types=_every(4, 48, LINEAR_ATTENTION), linear_num_key_heads=16,
+       linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+       linear_conv_kernel_dim=4, n_routed_experts=512, num_experts_per_tok=10,
+       moe_intermediate_size=512, n_shared_experts=1)
 # Stack-100M: the seed chapter's capstone model (L=30, H_kv=2, d_h=64, bf16). Its other widths
 # are chosen here to give ~101M parameters: hidden 512 = 8 heads × 64, SwiGLU 1408 = 2.75 × hidden.
 _model("Stack-100M", (), 30, 8, 2, 512, 1408, 32000, "bfloat16", 2048, tie=True)

@@ -16,6 +16,19 @@ them (so kvplan flags exactly the layers the model runs with a window):
   when ``(i + 1) % p == 0``, else sliding;
 * otherwise a ``sliding_window`` applies to every layer (Mistral-7B-v0.1).
 
+Chunked local attention (Llama 4, ``attention_chunk_size``): the layers with RoPE
+(``no_rope_layers[i] == 1``) attend within their chunk, the NoPE layers (0) to everything
+(vllm/model_executor/models/llama4.py, ``Llama4Attention.__init__``: ``use_chunked_local_attn =
+not self.nope and config.attention_chunk_size is not None``). Without the list, transformers'
+Llama4TextConfig derives it: ``int((i + 1) % no_rope_layer_interval != 0)``, interval 4.
+Llama 4's MoE layers are every ``interleave_moe_layer_step``-th (``(i + 1) % step == 0``,
+``Llama4DecoderLayer``), with one shared expert of the routed width; its dense layers use
+``intermediate_size_mlp``.
+
+Linear attention (Qwen3-Next, ``model_type`` qwen3_next): ``layer_types`` if given, else
+transformers' Qwen3NextConfig rule, ``linear_attention`` unless ``(i + 1) %
+full_attention_interval == 0``; the Gated DeltaNet widths are its ``linear_*`` fields.
+
 Two fields are read the way vLLM reads them, since vLLM is what kvplan sizes:
 
 * the dtype: a config without ``torch_dtype`` (or ``dtype``) is float32 to vLLM, and vLLM's
@@ -34,7 +47,13 @@ from pathlib import Path
 from typing import Any
 
 from simulator.errors import KvplanError
-from simulator.kv.model_config import FULL_ATTENTION, SLIDING_ATTENTION, ModelConfig
+from simulator.kv.model_config import (
+    CHUNKED_ATTENTION,
+    FULL_ATTENTION,
+    LINEAR_ATTENTION,
+    SLIDING_ATTENTION,
+    ModelConfig,
+)
 from simulator.kv.quant_config import parse_quantization_config
 
 _REQUIRED = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size",
@@ -52,6 +71,9 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
 # Gemma 2 alternates sliding and full layers, Gemma 3 has 5 sliding layers per full one.
 _DEFAULT_SLIDING_PATTERN = {"gemma2": 2, "gemma3_text": 6}
 _TIED_BY_DEFAULT = frozenset({"opt", "gemma2", "gemma3_text"})
+_LLAMA4_NO_ROPE_INTERVAL = 4  # transformers Llama4TextConfig no_rope_layer_interval default
+_LINEAR_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                  "linear_value_head_dim", "linear_conv_kernel_dim")
 # What vLLM serves a float32 (or dtype-less) checkpoint in under --dtype auto: the platform's first
 # supported dtype, bfloat16 on Ampere and later (vllm/platforms/cuda.py supported_dtypes) and on
 # ROCm MI300X; every GPU in simulator/kv/gpus.py is one of those.
@@ -73,6 +95,8 @@ def model_from_hf_config(raw: dict[str, Any], *, name: str) -> ModelConfig:
         if raw.get(key) is None:
             raise KvplanError(f"missing required field '{key}'")
     inter_key = "ffn_dim" if raw.get("intermediate_size") is None else "intermediate_size"
+    if raw.get("intermediate_size_mlp") is not None:  # Llama 4: the dense layers' width
+        inter_key = "intermediate_size_mlp"
     if raw.get(inter_key) is None:
         raise KvplanError("missing required field 'intermediate_size' (or OPT's 'ffn_dim')")
     model_type = str(raw.get("model_type") or "llama")
@@ -93,6 +117,9 @@ def model_from_hf_config(raw: dict[str, Any], *, name: str) -> ModelConfig:
                ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")}
         mla["q_lora_rank"] = _int(raw, "q_lora_rank") if raw.get("q_lora_rank") else None
     layer_types, window = _attention_layout(raw, model_type, layers)
+    chunk = _int(raw, "attention_chunk_size") if CHUNKED_ATTENTION in layer_types else None
+    linear = ({key: _int(raw, key) for key in _LINEAR_FIELDS}
+              if LINEAR_ATTENTION in layer_types else {})
     return ModelConfig(
         name=name, num_hidden_layers=layers, num_attention_heads=heads,
         num_key_value_heads=_int(raw, "num_key_value_heads", heads), head_dim=head_dim,
@@ -103,8 +130,8 @@ def model_from_hf_config(raw: dict[str, Any], *, name: str) -> ModelConfig:
         hf_id=str(raw.get("_name_or_path") or ""),
         attention_bias=raw.get("attention_bias") is True,
         quantization=parse_quantization_config(raw.get("quantization_config")),
-        layer_types=layer_types, sliding_window=window,
-        **mla, **_moe_fields(raw, inter_key),
+        layer_types=layer_types, sliding_window=window, attention_chunk_size=chunk,
+        **linear, **mla, **_moe_fields(raw, inter_key),
     )
 
 
@@ -164,6 +191,11 @@ def _moe_fields(raw: dict[str, Any], inter_key: str) -> dict[str, Any]:
         moe["first_k_dense_replace"] = _int(raw, "first_k_dense_replace", 0)
         moe["n_shared_experts"] = _int(raw, "n_shared_experts", 0)
         return moe
+    if raw.get("num_local_experts") and raw.get("intermediate_size_mlp") is not None:  # Llama 4
+        return {"n_routed_experts": _int(raw, "num_local_experts"),
+                "num_experts_per_tok": _int(raw, "num_experts_per_tok"),
+                "moe_intermediate_size": _int(raw, "intermediate_size"), "n_shared_experts": 1,
+                "decoder_sparse_step": _int(raw, "interleave_moe_layer_step", 1) or 1}
     if raw.get("num_local_experts"):  # Mixtral, gpt-oss: every layer MoE, expert = the MLP width
         return {"n_routed_experts": _int(raw, "num_local_experts"),
                 "num_experts_per_tok": _int(raw, "num_experts_per_tok"),
@@ -190,9 +222,20 @@ def _attention_layout(raw: dict[str, Any], model_type: str,
     """(layer_types, sliding_window) by the rules of the module docstring; ``()`` and None
     when every layer is full attention."""
     window = raw.get("sliding_window")
-    if raw.get("use_sliding_window") is False:
-        return (), None
+    if raw.get("attention_chunk_size") is not None and raw.get("layer_types") is None:
+        flags = raw.get("no_rope_layers") or [
+            int((i + 1) % (raw.get("no_rope_layer_interval") or _LLAMA4_NO_ROPE_INTERVAL) != 0)
+            for i in range(layers)]
+        if not isinstance(flags, list) or len(flags) != layers:
+            raise KvplanError(f"field 'no_rope_layers' must list {layers} flags, got {flags!r}")
+        return tuple(CHUNKED_ATTENTION if flag else FULL_ATTENTION for flag in flags), None
+    if model_type == "qwen3_next" and raw.get("layer_types") is None:
+        interval = _int(raw, "full_attention_interval", 4)
+        return tuple(LINEAR_ATTENTION if (i + 1) % interval else FULL_ATTENTION
+                     for i in range(layers)), None
     given = raw.get("layer_types")
+    if raw.get("use_sliding_window") is False and given is None:
+        return (), None
     if given is not None:
         if not isinstance(given, list) or not all(isinstance(kind, str) for kind in given):
             raise KvplanError(f"field 'layer_types' must be a list of strings, got {given!r}")

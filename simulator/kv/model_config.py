@@ -19,9 +19,23 @@ Parameter counts are derived from the tensor shapes, not copied from model cards
 * norms: RMSNorm weights (LayerNorm weight + bias for OPT), two per layer (four for Gemma 2/3)
   plus a final one; Qwen3 and Gemma 3 add a q-norm and a k-norm of ``head_dim`` per layer.
 
-Attention kinds: ``layer_types`` (HF's per-layer list) says which layers are sliding-window
-(``sliding_window`` tokens). kvplan sizes the KV cache as full attention on every layer; for
-such a model :attr:`ModelConfig.attention_note` says so, and that the figure is an upper bound.
+Attention kinds: ``layer_types`` (HF's per-layer list) says what each layer keeps per request:
+
+* ``full_attention``: the KV of every token;
+* ``sliding_attention``: the KV of the last ``sliding_window`` tokens (gpt-oss, Gemma 2/3, Mistral);
+* ``chunked_attention``: the KV of the tokens of the current ``attention_chunk_size`` chunk
+  (Llama 4's local layers: the layers with RoPE, ``no_rope_layers[i] == 1``);
+* ``linear_attention``: a fixed recurrent state (Qwen3-Next's Gated DeltaNet): a causal-conv
+  state of ``(kernel − 1) × conv_dim`` and a ``num_v_heads × k_dim × v_dim`` temporal state, in
+  the model's dtype (vllm/model_executor/layers/mamba/mamba_utils.py,
+  ``MambaStateShapeCalculator.gated_delta_net_state_shape`` and
+  ``MambaStateDtypeCalculator.gated_delta_net_state_dtype``: ``mamba_cache_dtype`` "auto").
+
+A Gated DeltaNet layer's weights (vllm/model_executor/models/qwen3_next.py,
+``Qwen3NextGatedDeltaNet``): ``in_proj_qkvz`` hidden × (2·key_dim + 2·value_dim), ``in_proj_ba``
+hidden × 2·num_v_heads, a depthwise conv of conv_dim × kernel, ``dt_bias`` and ``A_log`` per value
+head, a gated RMSNorm of ``linear_value_head_dim`` and ``out_proj`` value_dim × hidden. Qwen3-Next's
+full-attention layers gate their output (``attn_output_gate``: q_proj is twice as wide).
 """
 
 from __future__ import annotations
@@ -50,12 +64,17 @@ _DTYPE_BITS: dict[str, int] = {
 
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
+CHUNKED_ATTENTION = "chunked_attention"
+LINEAR_ATTENTION = "linear_attention"
+# Layer kinds whose per-request KV grows with the sequence (a KV cache of tokens).
+TOKEN_KV_KINDS = frozenset({FULL_ATTENTION, SLIDING_ATTENTION, CHUNKED_ATTENTION})
 
 # Recipes keyed by model_type (see the module docstring).
 _QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe"})
-_QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "gemma3_text"})
+_QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "gemma3_text", "qwen3_next"})
 _FOUR_NORM_TYPES = frozenset({"gemma2", "gemma3_text"})  # pre/post attention and MLP norms
 _GPT_OSS = "gpt_oss"
+_GATED_ATTENTION_TYPES = frozenset({"qwen3_next"})  # attn_output_gate: q_proj emits q and a gate
 
 
 def canonical_dtype(name: str, what: str = "dtype") -> str:
@@ -104,10 +123,17 @@ class ModelConfig:
     # What config.json's quantization_config says (DeepSeek-V3 ships fp8 weights with
     # torch_dtype bfloat16); None = the weights are stored in torch_dtype.
     quantization: CheckpointQuant | None = None
-    # Attention kind of each layer ("full_attention" | "sliding_attention" | other HF kinds);
-    # () = all full. sliding_window: tokens a sliding layer attends to.
+    # Attention kind of each layer (module docstring); () = all full. sliding_window: tokens a
+    # sliding layer attends to; attention_chunk_size: a chunked-local layer's chunk.
     layer_types: tuple[str, ...] = ()
     sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+    # Gated DeltaNet (linear_attention layers): HF's linear_* fields, 0 when absent
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
     # MLA (multi-head latent attention)
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
@@ -149,6 +175,16 @@ class ModelConfig:
                               f" layers, num_hidden_layers is {self.num_hidden_layers}")
         if SLIDING_ATTENTION in self.layer_types:
             _check_positive(self.name, "sliding_window", self.sliding_window)
+        if CHUNKED_ATTENTION in self.layer_types:
+            _check_positive(self.name, "attention_chunk_size", self.attention_chunk_size)
+        if LINEAR_ATTENTION in self.layer_types:
+            for name in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                         "linear_value_head_dim", "linear_conv_kernel_dim"):
+                _check_positive(self.name, name, getattr(self, name))
+        unknown = set(self.layer_types) - TOKEN_KV_KINDS - {LINEAR_ATTENTION}
+        if unknown:
+            raise KvplanError(f"model '{self.name}': layer_types has kinds kvplan does not model:"
+                              f" {', '.join(sorted(unknown))}")
 
     # -- shape facts ---------------------------------------------------------------------------
 
@@ -207,22 +243,64 @@ class ModelConfig:
     def num_sliding_window_layers(self) -> int:
         return self.layer_types.count(SLIDING_ATTENTION)
 
+    def num_layers_of(self, kind: str) -> int:
+        """Layers of attention kind ``kind`` (module docstring)."""
+        if not self.layer_types:
+            return self.num_hidden_layers if kind == FULL_ATTENTION else 0
+        return self.layer_types.count(kind)
+
+    @property
+    def num_kv_layers(self) -> int:
+        """Layers that cache per-token KV (every layer but the linear-attention ones)."""
+        return self.num_hidden_layers - self.num_layers_of(LINEAR_ATTENTION)
+
+    @property
+    def is_hybrid(self) -> bool:
+        """True when some layer is not full attention (sliding, chunked-local or linear)."""
+        return any(kind != FULL_ATTENTION for kind in self.layer_types)
+
+    def attention_window(self, kind: str) -> int | None:
+        """Tokens a layer of ``kind`` attends to at most: the sliding window or the chunk size
+        (None for full attention and for linear attention, which keeps a state instead)."""
+        if kind == SLIDING_ATTENTION:
+            return self.sliding_window
+        if kind == CHUNKED_ATTENTION:
+            return self.attention_chunk_size
+        return None
+
+    def linear_state_elements(self, tp: int = 1) -> tuple[int, int]:
+        """Gated DeltaNet state of one linear-attention layer on one of ``tp`` ranks, in
+        elements: (conv state, temporal state) as vLLM shapes them (module docstring); (0, 0)
+        for a model without linear-attention layers."""
+        if LINEAR_ATTENTION not in self.layer_types:
+            return (0, 0)
+        k_dim, v_dim = self.linear_key_head_dim, self.linear_value_head_dim
+        conv_dim = 2 * k_dim * self.linear_num_key_heads + v_dim * self.linear_num_value_heads
+        if conv_dim % tp or self.linear_num_value_heads % tp:
+            raise KvplanError(f"model '{self.name}': tensor parallel {tp} does not divide the"
+                              f" {self.linear_num_value_heads} linear-attention value heads")
+        conv = conv_dim // tp * (self.linear_conv_kernel_dim - 1)
+        return conv, self.linear_num_value_heads // tp * k_dim * v_dim
+
     @property
     def attention_note(self) -> str | None:
-        """Why this model's KV figures are an upper bound (None when every layer is full).
-
-        kvplan sizes every layer as full attention; a sliding-window layer holds at most
-        ``sliding_window`` tokens per sequence, so the true KV per token is lower.
-        """
+        """The model's layer mix when not every layer is full attention (None otherwise): how
+        many layers of each kind, with their window, chunk or state."""
         other = Counter(kind for kind in self.layer_types if kind != FULL_ATTENTION)
         if not other:
             return None
         total = self.num_hidden_layers
-        parts = [f"{count} of {total} layers are sliding-window {self.sliding_window}"
-                 if kind == SLIDING_ATTENTION else f"{count} of {total} layers are {kind}"
-                 for kind, count in sorted(other.items())]
-        return ("sized as full attention on every layer: an upper bound on KV; "
-                + "; ".join(parts))
+        parts = []
+        for kind, count in sorted(other.items()):
+            if kind == SLIDING_ATTENTION:
+                parts.append(f"{count} of {total} layers are sliding-window {self.sliding_window}")
+            elif kind == CHUNKED_ATTENTION:
+                parts.append(f"{count} of {total} layers are chunked-local"
+                             f" {self.attention_chunk_size}")
+            else:
+                parts.append(f"{count} of {total} layers are linear attention (a fixed state"
+                             " per request)")
+        return "; ".join(parts)
 
     # -- parameter counts ----------------------------------------------------------------------
 
@@ -261,12 +339,18 @@ class ModelConfig:
         if self.model_type in _QK_NORM_TYPES:
             per_layer += 2 * self.head_dim
         dense_layers = self.num_hidden_layers - self.num_moe_layers
+        linear = self.num_layers_of(LINEAR_ATTENTION)
         body = self.num_hidden_layers * per_layer + dense_layers * self._dense_mlp_params()
+        if linear:  # Gated DeltaNet instead of attention (and its q/k norms) on those layers
+            qk_norms = 2 * self.head_dim if self.model_type in _QK_NORM_TYPES else 0
+            body += linear * (self._linear_attention_params() - self._attention_params() - qk_norms)
         if self.is_moe:
             moe_fixed = self.n_shared_experts * self.routed_expert_params
             moe_fixed += self.num_experts * h  # router
             if self.model_type == _GPT_OSS:
                 moe_fixed += self.num_experts  # router bias
+            if self.model_type in _GATED_ATTENTION_TYPES and self.n_shared_experts:
+                moe_fixed += h  # Qwen3-Next's shared_expert_gate (hidden -> 1)
             body += self.num_moe_layers * moe_fixed
         return body + norm  # final norm
 
@@ -291,7 +375,9 @@ class ModelConfig:
         checkpoint stores at its quantized width (the routed experts come on top)."""
         dense_layers = self.num_hidden_layers - self.num_moe_layers
         mlp = 2 if self._is_opt else 3
-        linear = self.num_hidden_layers * self._attention_matrix_params()
+        gdn = self.num_layers_of(LINEAR_ATTENTION)
+        linear = (self.num_hidden_layers - gdn) * self._attention_matrix_params()
+        linear += gdn * self._linear_attention_matrix_params()
         linear += dense_layers * mlp * self.hidden_size * self.intermediate_size
         return linear + self.num_moe_layers * self.n_shared_experts * self.routed_expert_params
 
@@ -327,7 +413,25 @@ class ModelConfig:
             return q + kv_a + kv_b + heads * v_dim * h
         q_width = heads * self.head_dim
         kv_width = self.num_key_value_heads * self.head_dim
+        if self.model_type in _GATED_ATTENTION_TYPES:  # q_proj also emits the output gate
+            return 3 * h * q_width + 2 * h * kv_width
         return 2 * h * q_width + 2 * h * kv_width  # q, o and k, v
+
+    def _linear_attention_matrix_params(self) -> int:
+        """A Gated DeltaNet layer's projection weights (module docstring)."""
+        h = self.hidden_size
+        key_dim = self.linear_num_key_heads * self.linear_key_head_dim
+        value_dim = self.linear_num_value_heads * self.linear_value_head_dim
+        in_proj = h * (2 * key_dim + 2 * value_dim) + h * 2 * self.linear_num_value_heads
+        return in_proj + value_dim * h
+
+    def _linear_attention_params(self) -> int:
+        """A Gated DeltaNet layer: projections, depthwise conv, dt_bias, A_log, gated norm."""
+        key_dim = self.linear_num_key_heads * self.linear_key_head_dim
+        value_dim = self.linear_num_value_heads * self.linear_value_head_dim
+        conv = (2 * key_dim + value_dim) * self.linear_conv_kernel_dim
+        return (self._linear_attention_matrix_params() + conv
+                + 2 * self.linear_num_value_heads + self.linear_value_head_dim)
 
     def _dense_mlp_params(self) -> int:
         h, inter = self.hidden_size, self.intermediate_size
@@ -341,4 +445,5 @@ def _check_positive(model: str, field: str, value: Any) -> None:
         raise KvplanError(f"model '{model}': {field} must be a positive integer, got {value!r}")
 
 
-__all__ = ["FULL_ATTENTION", "SLIDING_ATTENTION", "ModelConfig", "canonical_dtype", "dtype_bits"]
+__all__ = ["CHUNKED_ATTENTION", "FULL_ATTENTION", "LINEAR_ATTENTION", "SLIDING_ATTENTION",
+           "TOKEN_KV_KINDS", "ModelConfig", "canonical_dtype", "dtype_bits"]

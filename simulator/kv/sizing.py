@@ -27,6 +27,34 @@ Peak activations, for a forward pass over ``max_num_batched_tokens`` = T tokens 
            T·(q + k + v + out widths per rank)·a  attention buffers
            2·max_num_seqs·vocab·4 )               sampler logits + probabilities, fp32
 
+**Hybrid models** (sliding-window, chunked-local or linear-attention layers) are sized as vLLM's
+hybrid KV cache manager sizes them (:func:`kv_cache_groups`), unless
+``hybrid_kv_cache_manager=False`` (vLLM's ``--disable-hybrid-kv-cache-manager``), which sizes
+sliding and chunked layers as full attention (vllm/v1/core/kv_cache_utils.py,
+``unify_hybrid_kv_cache_specs``) and is refused for linear-attention models, whose state cannot
+be converted.
+
+* Layers are grouped by kind into KV cache groups of ``group_size`` layers: the fewest layers
+  of any kind, or the most when that is under 1.5 × the fewest; each kind gets
+  ``ceil(layers / group_size)`` groups, the last one padded (``_get_kv_cache_groups_uniform_page_size``).
+* One pool of ``num_blocks`` block ids serves every group; a block id stands for one page in
+  each of ``group_size`` tensors, so ``num_blocks = available // page // group_size``
+  (``get_kv_cache_config_from_groups``, ``get_num_blocks``).
+* Per request and group, at most: full ``ceil(max_model_len / B)`` blocks; sliding
+  ``ceil(min(W − 1 + max_num_batched_tokens, max_model_len) / B) + 1``; chunked
+  ``ceil(min(chunk + max_num_batched_tokens, max_model_len) / B)``; linear one block
+  (vllm/v1/kv_cache_interface.py, ``max_memory_usage_bytes`` of ``FullAttentionSpec``,
+  ``SlidingWindowSpec``, ``ChunkedLocalAttentionSpec``, ``MambaSpec``). The maximum concurrency is
+  ``num_blocks`` over their sum (``get_max_concurrency_for_kv_cache_config``), and the "GPU KV
+  cache size" vLLM logs is ``int(max_concurrency × max_model_len)`` tokens: the context the pool
+  holds at peak, window-capped groups included (vllm/v1/core/kv_cache_utils.py,
+  ``get_kv_cache_capacity`` / ``_report_kv_cache_config`` on vLLM main; releases before it
+  logged ``num_blocks // num_groups × B``, which understates a sliding-window model's pool).
+* A linear-attention (Gated DeltaNet) layer's state is one page: vLLM raises the attention block
+  size to ``16 · ceil(state / (16 · page_per_token))`` so that an attention page holds it, and
+  pads the state to that page (vllm/platforms/interface.py, ``_align_hybrid_block_size``;
+  16 = FlashAttention's kernel block multiple).
+
 The non-torch overhead (:data:`NON_TORCH_OVERHEAD_BYTES`, 0.5 GiB) stands for what vLLM reports
 as ``non_torch_memory``: cuBLAS workspaces, NCCL buffers, the allocator's slack; it measures
 ~0.5 GiB for Llama-3.1-8B on an H100. CUDA-graph memory comes out of the 1 − utilization margin.
@@ -35,16 +63,27 @@ as ``non_torch_memory``: cuBLAS workspaces, NCCL buffers, the allocator's slack;
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, replace
 
 from simulator.errors import KvplanError, did_you_mean
 from simulator.kv.gpus import GPUSpec
+from simulator.kv.model_config import (
+    CHUNKED_ATTENTION,
+    FULL_ATTENTION,
+    LINEAR_ATTENTION,
+    SLIDING_ATTENTION,
+)
 from simulator.kv.models import ModelConfig, canonical_dtype, dtype_bits
 from simulator.kv.quantization import WeightFormat, resolve_quantization
 
 GIB = 2**30
 MIB = 2**20
 NON_TORCH_OVERHEAD_BYTES = GIB // 2
+# FlashAttention's kernel block multiple: the granularity vLLM raises a hybrid linear-attention
+# model's block size by (vllm/v1/attention/backends/flash_attn.py,
+# get_supported_kernel_block_sizes: [MultipleOf(16)]).
+KERNEL_BLOCK_ALIGNMENT = 16
 
 # KV cache dtypes (vLLM's --kv-cache-dtype plus the HF torch_dtype spellings) -> bytes/element.
 KV_DTYPE_BYTES: dict[str, int] = {
@@ -151,12 +190,146 @@ def model_kv_layout(model: ModelConfig, kv_cache_dtype: str = "auto", tp: int = 
         raise KvplanError(f"{knobs.tp} {tp} does not divide {model.name}'s"
                           f" {model.num_attention_heads} attention heads")
     latent = model.kv_latent_width if model.is_mla else None
-    layout = kv_layout(model.num_hidden_layers, model.num_key_value_heads, model.head_dim,
+    layout = kv_layout(model.num_kv_layers, model.num_key_value_heads, model.head_dim,
                        dtype=dtype, tp=tp, latent_width=latent, knobs=knobs)
-    # Sliding-window layers are sized as full attention (hybrid KV is not modelled): say so,
-    # since every capacity figure built on this layout is then an upper bound on KV.
     note = model.attention_note
     return replace(layout, notes=(*layout.notes, note)) if note else layout
+
+
+@dataclass(frozen=True, slots=True)
+class KVCacheGroup:
+    """One of vLLM's KV cache groups: ``num_layers`` layers of one kind sharing a block table
+    (fewer than the layout's ``group_size`` in a padded last group)."""
+
+    kind: str  # full_attention | sliding_attention | chunked_attention | linear_attention
+    num_layers: int
+    window: int | None  # sliding window or attention chunk, tokens; None for full and linear
+
+    def blocks_held(self, num_tokens: int, block_size: int) -> int:
+        """Blocks a sequence of ``num_tokens`` computed tokens holds in this group once the
+        blocks its attention skips are freed: all of them (full), those from the first token of
+        the window of the next token on (sliding: ``num_tokens − W + 1`` tokens skipped;
+        chunked: the whole chunks before the current one), one (linear). vLLM's
+        ``remove_skipped_blocks`` / ``get_num_skipped_tokens``
+        (vllm/v1/core/single_type_kv_cache_manager.py)."""
+        total = -(-num_tokens // block_size)
+        if self.kind == LINEAR_ATTENTION:
+            return 1
+        return total - skipped_tokens(self.kind, self.window, num_tokens) // block_size
+
+    def max_blocks(self, max_model_len: int, max_num_batched_tokens: int, block_size: int) -> int:
+        """Most blocks one request holds in this group (module docstring, max_memory_usage_bytes)."""
+        if self.kind == SLIDING_ATTENTION:
+            assert self.window is not None
+            tokens = min(self.window - 1 + max_num_batched_tokens, max_model_len)
+            return -(-tokens // block_size) + 1
+        if self.kind == CHUNKED_ATTENTION:
+            assert self.window is not None
+            tokens = min(self.window + max_num_batched_tokens, max_model_len)
+            return -(-tokens // block_size)
+        if self.kind == LINEAR_ATTENTION:
+            return 1
+        return -(-max_model_len // block_size)
+
+
+def skipped_tokens(kind: str, window: int | None, num_computed_tokens: int) -> int:
+    """Leading tokens a layer of ``kind`` no longer attends to once ``num_computed_tokens`` are
+    computed (vllm/v1/core/single_type_kv_cache_manager.py, ``get_num_skipped_tokens`` of
+    ``SlidingWindowManager``: ``max(0, n − W + 1)``; ``ChunkedLocalAttentionManager``:
+    ``n // chunk · chunk``; full attention: 0)."""
+    if kind == SLIDING_ATTENTION:
+        assert window is not None
+        return max(0, num_computed_tokens - window + 1)
+    if kind == CHUNKED_ATTENTION:
+        assert window is not None
+        return num_computed_tokens // window * window
+    return 0
+
+
+@dataclass(frozen=True, slots=True)
+class HybridKVLayout:
+    """A hybrid model's KV cache as vLLM's hybrid manager lays it out on one rank (module
+    docstring): its groups, the layers per group, the tokens and bytes of one page."""
+
+    groups: tuple[KVCacheGroup, ...]
+    group_size: int  # layers per group: tensors each block id spans
+    block_size: int  # tokens per block (raised above the configured one for linear attention)
+    page_bytes: int  # one layer's block (a linear layer's state padded to it)
+    state_bytes: int  # a linear-attention layer's state, unpadded (0 without linear layers)
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block id: one page in each of ``group_size`` tensors."""
+        return self.page_bytes * self.group_size
+
+    def max_blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        """Blocks one request may hold across all groups (vLLM's concurrency denominator)."""
+        return sum(g.max_blocks(max_model_len, max_num_batched_tokens, self.block_size)
+                   for g in self.groups)
+
+    def describe(self) -> str:
+        """One line: the groups by kind, layers per group, block size."""
+        kinds = Counter(g.kind for g in self.groups)
+        parts = [f"{n} {kind.replace('_', ' ')}" for kind, n in kinds.items()]
+        return (f"{len(self.groups)} KV cache groups of {self.group_size} layers"
+                f" ({', '.join(parts)}), blocks of {self.block_size} tokens")
+
+
+def sequence_kv_bytes(model: ModelConfig, layout: KVLayout, num_tokens: int) -> int:
+    """KV bytes one sequence of ``num_tokens`` tokens keeps on one rank, token-exact (no block
+    rounding): every token in full layers, ``min(n, W)`` in sliding layers, the current chunk
+    (``n mod chunk``, a whole chunk at a chunk boundary) in chunked layers, a fixed state in
+    linear-attention layers. For a model with only full attention this is ``n · β``."""
+    if not model.is_hybrid:
+        return num_tokens * layout.bytes_per_token
+    per_layer = layout.kv_width * layout.dtype_bytes
+    held = model.num_layers_of(FULL_ATTENTION) * num_tokens
+    if model.sliding_window is not None:
+        held += model.num_layers_of(SLIDING_ATTENTION) * min(num_tokens, model.sliding_window)
+    chunk = model.attention_chunk_size
+    if chunk is not None and num_tokens:
+        held += model.num_layers_of(CHUNKED_ATTENTION) * ((num_tokens - 1) % chunk + 1)
+    conv, temporal = model.linear_state_elements(layout.tp)
+    state = model.num_layers_of(LINEAR_ATTENTION) * (conv + temporal) * (
+        dtype_bits(model.torch_dtype) // 8)
+    return held * per_layer + state
+
+
+def kv_cache_groups(model: ModelConfig, layout: KVLayout, block_size: int, *,
+                    hybrid_kv_cache_manager: bool = True) -> HybridKVLayout | None:
+    """vLLM's KV cache groups for ``model`` on one rank (module docstring), or None when every
+    layer is full attention or the hybrid manager is disabled (then every layer is sized as
+    full). A linear-attention model cannot run without the hybrid manager: KvplanError."""
+    if not model.is_hybrid:
+        return None
+    linear = model.num_layers_of(LINEAR_ATTENTION)
+    if not hybrid_kv_cache_manager:
+        if linear:
+            raise KvplanError(
+                f"{model.name} has linear-attention layers, whose state vLLM cannot size as full"
+                " attention: it refuses --disable-hybrid-kv-cache-manager (vllm/v1/core/"
+                "kv_cache_utils.py, unify_hybrid_kv_cache_specs); drop"
+                " disable_hybrid_kv_cache_manager")
+        return None
+    per_token_page = layout.kv_width * layout.dtype_bytes
+    state = 0
+    if linear:
+        conv, temporal = model.linear_state_elements(layout.tp)
+        state = (conv + temporal) * (dtype_bits(model.torch_dtype) // 8)
+        align = max(KERNEL_BLOCK_ALIGNMENT, block_size)
+        block_size = max(block_size, align * -(-state // (align * per_token_page)))
+    counts = {kind: model.num_layers_of(kind) for kind in
+              (FULL_ATTENTION, SLIDING_ATTENTION, CHUNKED_ATTENTION, LINEAR_ATTENTION)}
+    counts = {kind: n for kind, n in counts.items() if n}
+    fewest, most = min(counts.values()), max(counts.values())
+    group_size = most if most < fewest * 1.5 else fewest
+    groups: list[KVCacheGroup] = []
+    for kind, n in counts.items():
+        num_groups = -(-n // group_size)
+        for i in range(num_groups):  # layers[i::num_groups]: the first n % ... groups are full
+            groups.append(KVCacheGroup(kind, len(range(i, n, num_groups)),
+                                       model.attention_window(kind)))
+    return HybridKVLayout(tuple(groups), group_size, block_size, block_size * per_token_page, state)
 
 
 def bytes_per_token(model: ModelConfig, kv_cache_dtype: str = "auto", tp: int = 1) -> int:
@@ -220,13 +393,16 @@ class KVCapacity:
     max_concurrency: float  # capacity_tokens / max_model_len
     notes: tuple[str, ...]
     weight_format: WeightFormat  # how the weights are stored and computed (quantization)
+    # the hybrid manager's groups (None: one group, every layer sized as full attention)
+    kv_groups: HybridKVLayout | None = None
 
 
 def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype: str = "auto",
                 block_size: int = 16, gpu_memory_utilization: float = 0.9,
                 max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
                 max_model_len: int | None = None, quantization: str = "auto",
-                knobs: KnobNames = CLI_FLAGS, static_fraction: bool = False) -> KVCapacity:
+                knobs: KnobNames = CLI_FLAGS, static_fraction: bool = False,
+                hybrid_kv_cache_manager: bool = True) -> KVCapacity:
     """KV blocks that fit on each rank of ``gpu`` serving ``model`` (module docstring formula).
 
     ``max_model_len`` defaults to the model's ``max_position_embeddings``; ``quantization`` is
@@ -261,7 +437,11 @@ def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype
     activations = 0 if static_fraction else activation_bytes(
         model, tp=tp, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
     available = budget - weights - activations - NON_TORCH_OVERHEAD_BYTES
-    block_bytes = block_size * layout.bytes_per_token
+    groups = kv_cache_groups(model, layout, block_size,
+                             hybrid_kv_cache_manager=hybrid_kv_cache_manager)
+    if groups is not None:
+        block_size = groups.block_size
+    block_bytes = block_size * layout.bytes_per_token if groups is None else groups.block_bytes
     if available < block_bytes:
         raise KvplanError(
             f"no room for the KV cache of {model.name} on {gpu.name}:"
@@ -271,8 +451,22 @@ def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype
             f" or {knobs.gpu_memory_utilization}, or lower {knobs.max_num_batched_tokens}")
     num_blocks = available // block_bytes
     capacity = num_blocks * block_size
+    concurrency = capacity / model_len
     notes = list(layout.notes) + list(weight_format.notes)
-    if capacity < model_len:
+    if groups is not None:
+        per_request = groups.max_blocks_per_request(model_len, max_num_batched_tokens)
+        concurrency = num_blocks / per_request
+        capacity = hybrid_capacity_tokens(num_blocks, per_request, model_len)
+        notes.append(f"hybrid KV cache manager: {groups.describe()}; a {model_len:,}-token"
+                     f" request holds at most {per_request:,} blocks")
+        if num_blocks < per_request:
+            notes.append(f"max_model_len {model_len:,} needs {per_request:,} blocks, the KV"
+                         f" cache has {num_blocks:,}: one full-length request does not fit"
+                         f" (vLLM refuses to start); lower {knobs.max_model_len}")
+    elif model.is_hybrid:
+        notes.append("hybrid KV cache manager disabled: sliding-window and chunked layers keep"
+                     " every token, sized as full attention")
+    if groups is None and capacity < model_len:
         notes.append(f"max_model_len {model_len:,} exceeds the KV capacity ({capacity:,} tokens):"
                      " one full-length request does not fit (vLLM refuses to start);"
                      f" lower {knobs.max_model_len}")
@@ -282,7 +476,14 @@ def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype
         budget_bytes=budget, weight_bytes=weights, activation_bytes=activations,
         non_torch_bytes=NON_TORCH_OVERHEAD_BYTES, available_kv_bytes=available,
         num_blocks=num_blocks, capacity_tokens=capacity, max_model_len=model_len,
-        max_concurrency=capacity / model_len, notes=tuple(notes), weight_format=weight_format)
+        max_concurrency=concurrency, notes=tuple(notes), weight_format=weight_format,
+        kv_groups=groups)
+
+
+def hybrid_capacity_tokens(num_blocks: int, blocks_per_request: int, max_model_len: int) -> int:
+    """Tokens of context a hybrid model's pool of ``num_blocks`` holds at peak: the maximum
+    concurrency times ``max_model_len``, as vLLM's ``get_kv_cache_capacity`` (module docstring)."""
+    return int(num_blocks / blocks_per_request * max_model_len)
 
 
 def format_vllm_log(cap: KVCapacity) -> str:

@@ -57,6 +57,18 @@ Choices the formula makes, and why:
   compute/communication overlap. The calibrated ``profile`` model captures those from
   measurements.
 
+**Hybrid models** (sliding-window, chunked-local or linear-attention layers): the KV read and
+the attention FLOPs above are per layer, and a layer reads only what it attends to. A full layer
+reads the whole context; a sliding layer at most ``W`` tokens per query (``min(position + 1,
+W)`` keys), a chunked layer at most its chunk (``position mod chunk + 1`` keys); a linear
+(Gated DeltaNet) layer reads and writes its state once per sequence per step, and its
+recurrence, ``2 · 2 · k_dim · v_dim`` FLOPs per value head per token, joins the attention term.
+Prefill chunks are counted exactly from their positions. A decode batch is known by its sum and
+longest context only, so a window layer's decode read is ``Σ min(c, W)`` bounded by
+``min(Σc, n·W)``: exact when every context is at least ``W`` or none exceeds it (the longest
+context tells), an upper bound in between. Every KV layer still writes each new token.
+A model with only full-attention layers takes the formula above unchanged.
+
 An empty plan (nothing to compute and nothing to copy) costs 0.
 """
 
@@ -67,6 +79,12 @@ from typing import Any, NamedTuple
 
 from simulator.errors import KvplanError
 from simulator.kv.gpus import GPUSpec
+from simulator.kv.model_config import (
+    CHUNKED_ATTENTION,
+    FULL_ATTENTION,
+    LINEAR_ATTENTION,
+    SLIDING_ATTENTION,
+)
 from simulator.kv.models import ModelConfig, dtype_bits
 from simulator.kv.quantization import WeightFormat, resolve_quantization
 from simulator.kv.sizing import model_kv_layout
@@ -223,6 +241,21 @@ class RooflineLatency:
         if model.is_mla:  # decode attends in the latent space: d_qk = latent, d_v = kv_lora_rank
             decode_dims = model.kv_latent_width + (model.kv_lora_rank or 0)
             self._decode_flops_per_ctx = 2 * heads * decode_dims * layers
+        self._hybrid = model.is_hybrid
+        if self._hybrid:  # per-layer-kind terms (module docstring)
+            kv_layers = model.num_kv_layers
+            self._layer_kv_bytes = self.bytes_per_token / kv_layers  # one layer, one token
+            self._pair_flops_per_layer = self._prefill_flops_per_pair / layers
+            self._decode_flops_per_layer = self._decode_flops_per_ctx / layers
+            self._full_layers = model.num_layers_of(FULL_ATTENTION)
+            self._window_layers = tuple(
+                (kind, model.num_layers_of(kind), model.attention_window(kind))
+                for kind in (SLIDING_ATTENTION, CHUNKED_ATTENTION) if model.num_layers_of(kind))
+            linear = model.num_layers_of(LINEAR_ATTENTION)
+            conv, temporal = model.linear_state_elements(tp)
+            state_bytes = (conv + temporal) * (dtype_bits(model.torch_dtype) // 8)
+            self._state_rw_bytes_per_seq = 2.0 * linear * state_bytes  # read and write back
+            self._linear_flops_per_token = 4.0 * linear * temporal
         self._allreduce_calls = 2.0 * layers if tp > 1 else 0.0
         self._ring_bytes_per_token = 2 * (tp - 1) / tp * model.hidden_size * self._act_bytes
         # The decode fast path's divisors, fixed for the model's life.
@@ -263,7 +296,7 @@ class RooflineLatency:
         :func:`combine` computes it.
         """
         if (plan.prefills or plan.cow_copies or plan.num_swap_out_blocks or plan.num_swap_in_blocks
-                or self.tp > 1 or self._num_experts or not plan.num_decode_seqs):
+                or self.tp > 1 or self._num_experts or not plan.num_decode_seqs or self._hybrid):
             return self.step_cost(plan).total_s
         n = plan.num_decode_seqs
         ctx = plan.decode_context_tokens
@@ -280,7 +313,7 @@ class RooflineLatency:
         each context one token longer per step), bit for bit what :meth:`step_latency_s` gives
         for each step's plan (:func:`simulator.latency.quiet_latencies`), without building them."""
         if (plan.prefills or plan.cow_copies or plan.num_swap_out_blocks or plan.num_swap_in_blocks
-                or self.tp > 1 or self._num_experts or not plan.num_decode_seqs):
+                or self.tp > 1 or self._num_experts or not plan.num_decode_seqs or self._hybrid):
             yield from (self.step_latency_s(p) for p in quiet_plans(plan, k))
             return
         n = plan.num_decode_seqs
@@ -308,6 +341,17 @@ class RooflineLatency:
         num_sampled = plan.num_decode_seqs + sum(1 for c in plan.prefills if c.samples_token)
         weight_bytes = self._dense_weight_bytes + (
             self.model.num_moe_layers * self._experts_touched(tokens) * self._expert_bytes)
+        if self._hybrid:
+            kv_read, attention = self._hybrid_attention(plan)
+            return StepTerms(
+                weight_bytes=weight_bytes, kv_read_bytes=kv_read,
+                kv_write_bytes=tokens * self.bytes_per_token,
+                gemm_flops=self._flops_per_token * tokens + self._flops_per_sample * num_sampled,
+                expert_flops=self._expert_flops_per_token * tokens, attention_flops=attention,
+                allreduce_calls=self._allreduce_calls,
+                allreduce_bytes=self._ring_bytes_per_token * tokens,
+                prefill=1.0 if plan.prefills else 0.0, copy_bytes=copy_bytes,
+                swap_bytes=swap_bytes)
         return StepTerms(
             weight_bytes=weight_bytes,
             kv_read_bytes=(plan.prefill_context_tokens + plan.decode_context_tokens) * self.bytes_per_token,
@@ -368,12 +412,64 @@ class RooflineLatency:
                        " + allreduce + swap + cow + overhead (+ prefill overhead)",
         }
 
+    def _hybrid_attention(self, plan: StepPlan) -> tuple[float, float]:
+        """(KV bytes read, attention FLOPs) of a hybrid model's step, per layer kind (module
+        docstring)."""
+        n, ctx = plan.num_decode_seqs, plan.decode_context_tokens
+        full = self._full_layers
+        keys_read = full * (plan.prefill_context_tokens + ctx)  # layer-tokens of KV read
+        pairs = full * plan.prefill_attention_pairs  # layer-(query, key) pairs, prefill
+        decode_keys = full * ctx  # layer-keys attended, decode
+        for kind, count, window in self._window_layers:
+            assert window is not None
+            for c in plan.prefills:
+                first, last = c.num_computed_tokens, c.context_tokens  # positions first..last-1
+                keys_read += count * (last - _window_start(kind, window, first))
+                pairs += count * _window_pairs(kind, window, first, last)
+            seen = ctx if plan.decode_max_context <= window else min(ctx, n * window)
+            keys_read += count * seen
+            decode_keys += count * seen
+        kv_read = keys_read * self._layer_kv_bytes
+        sequences = len(plan.prefills) + n
+        kv_read += sequences * self._state_rw_bytes_per_seq
+        attention = (self._pair_flops_per_layer * pairs + self._decode_flops_per_layer * decode_keys
+                     + self._linear_flops_per_token * plan.num_batched_tokens)
+        return kv_read, attention
+
     def _experts_touched(self, tokens: int) -> float:
         """Expected distinct routed experts per MoE layer for ``tokens`` uniformly routed tokens."""
         if not self._num_experts:
             return 0.0
         miss = 1 - self._experts_per_tok / self._num_experts
         return self._num_experts * (1 - miss**tokens)
+
+
+def _window_start(kind: str, window: int, position: int) -> int:
+    """First key position the query at ``position`` attends to in a window layer."""
+    if kind == SLIDING_ATTENTION:
+        return max(0, position - window + 1)
+    return position // window * window  # chunked: the start of its chunk
+
+
+def _window_pairs(kind: str, window: int, first: int, last: int) -> int:
+    """(query, key) pairs of queries ``first .. last − 1`` in a window layer: Σ keys per query,
+    ``min(p + 1, W)`` (sliding) or ``p mod chunk + 1`` (chunked)."""
+    if kind == SLIDING_ATTENTION:
+        ramp_end = min(last, window)  # queries below W see p + 1 keys, the rest W
+        ramp = _sum_range(first + 1, ramp_end + 1) if first < ramp_end else 0
+        return ramp + window * max(0, last - max(first, window))
+    total = 0
+    p = first
+    while p < last:  # chunk by chunk: keys p mod chunk + 1 for each query
+        end = min(last, (p // window + 1) * window)
+        total += _sum_range(p % window + 1, end - p + p % window + 1)
+        p = end
+    return total
+
+
+def _sum_range(lo: int, hi: int) -> int:
+    """lo + (lo + 1) + ... + (hi − 1)."""
+    return (lo + hi - 1) * (hi - lo) // 2
 
 
 def _peak_flops(gpu: GPUSpec, gemm_dtype: str) -> float:

@@ -4,7 +4,8 @@ Three engines' policies share the StepPlan seam (``schedule()`` -> executor -> `
 and the engine's quiet-run protocol, so the simulator and the real backend run any of them:
 
 * ``vllm-v1`` (:mod:`simulator.scheduler.v1`): vLLM's V1 engine, the default since vLLM 0.8.0
-  ("We have now enabled V1 engine by default", vllm-project/vllm#13726, v0.8.0 release notes);
+  ("We have now enabled V1 engine by default", vllm-project/vllm#13726, v0.8.0 release notes),
+  with speculative decoding in :mod:`simulator.scheduler.spec`;
 * ``vllm-v0`` (:mod:`simulator.scheduler.core`): the PagedAttention paper's engine (vLLM V0);
 * ``sglang`` (:mod:`simulator.scheduler.sglang`): SGLang's scheduler over a token pool with a
   radix prefix cache.
@@ -23,6 +24,9 @@ def make_scheduler(allocator: KVAllocator, config: SchedulerConfig, *, detail: b
     """The scheduler of ``config.engine`` over ``allocator``."""
     if config.engine == "vllm-v0":
         return Scheduler(allocator, config, detail=detail, keep_groups=keep_groups)
+    if config.engine == "vllm-v1" and config.num_speculative_tokens:
+        from simulator.scheduler.spec import SpecDecodeScheduler
+        return SpecDecodeScheduler(allocator, config, detail=detail, keep_groups=keep_groups)
     if config.engine == "vllm-v1":
         from simulator.scheduler.v1 import V1Scheduler
         return V1Scheduler(allocator, config, detail=detail, keep_groups=keep_groups)

@@ -49,6 +49,12 @@ class SchedulerConfig:
     new_token_ratio_decay_steps: int = 600  # decode steps from start to floor
     retract_decode_steps: int = 20  # tokens per request a retraction frees / re-estimates for
     clip_max_new_tokens: int = 4096  # cap of one request's future tokens in the reserve
+    # speculative decoding (vllm-v1 only: simulator/scheduler/spec.py); 0 drafts: off
+    num_speculative_tokens: int = 0  # k: drafts verified per decoding sequence and step
+    # P(draft i accepted | drafts 1..i-1 accepted), one per position (length k)
+    spec_acceptance: tuple[float, ...] = ()
+    # extra KV slots allocated ahead (Scheduler.__init__: k for EAGLE/MTP and draft models, 0 else)
+    num_lookahead_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
@@ -86,3 +92,13 @@ class SchedulerConfig:
                                  f"cannot be greater than max_model_len ({self.max_model_len})")
         if not 0.0 <= self.beam_replace_prob <= 1.0:
             raise ValueError("beam_replace_prob must be in [0, 1]")
+        if self.num_speculative_tokens < 0 or self.num_lookahead_tokens < 0:
+            raise ValueError("num_speculative_tokens and num_lookahead_tokens must be >= 0")
+        if self.num_speculative_tokens:
+            if self.engine != "vllm-v1":
+                raise ValueError(f"speculative decoding is simulated for engine vllm-v1 only, not {self.engine}")
+            if len(self.spec_acceptance) != self.num_speculative_tokens:
+                raise ValueError(f"spec_acceptance needs {self.num_speculative_tokens} rates, "
+                                 f"got {len(self.spec_acceptance)}")
+            if not all(0.0 <= a <= 1.0 for a in self.spec_acceptance):
+                raise ValueError(f"spec_acceptance rates must be in [0, 1], got {list(self.spec_acceptance)}")

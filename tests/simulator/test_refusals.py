@@ -90,10 +90,21 @@ def test_allow_refused_simulates_it_and_says_so() -> None:
 
 def test_sliding_window_model_is_warned_not_refused() -> None:
     # Gemma 3 sized as full attention holds 42,368 tokens on an H100; vLLM sizes its 52 sliding
-    # layers by their window, so it may start: a warning, not a refusal.
+    # layers by their window, so it may start: with the hybrid manager off (and every layer
+    # sized as full), a warning, not a refusal.
     with pytest.warns(KvplanWarning, match="sliding-window layers"):
-        dep = deploy(model="gemma-3-27b", tensor_parallel=1)
+        dep = deploy(model="gemma-3-27b", tensor_parallel=1, disable_hybrid_kv_cache_manager=True)
     assert dep.capacity_tokens < dep.scheduler_config.max_model_len == 131_072
+
+
+def test_hybrid_manager_sizes_one_request_by_its_groups() -> None:
+    # With the hybrid manager (the default) the start-up check sums each group's most blocks:
+    # Gemma 3's sliding groups hold only a window (1,024) plus a step's tokens, so one 131,072-token
+    # request fits on one H100 and nothing is said.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KvplanWarning)
+        dep = deploy(model="gemma-3-27b", tensor_parallel=1)
+    assert dep.scheduler_config.max_model_len == 131_072
 
 
 # --- the window, block sizes, num_gpu_blocks_override -------------------------------------------
@@ -191,3 +202,20 @@ def test_refusal_math_matches_vllms_block_rounding() -> None:
     assert deploy(max_model_len=fits, block_size=256)
     message = refusal(max_model_len=fits + 1, block_size=256)
     assert f"{math.ceil((fits + 1) / 256) * dep.capacity.block_bytes / 2**30:.2f} GiB" in message
+
+
+def test_hybrid_model_too_long_is_refused_with_vllms_estimate() -> None:
+    # gpt-oss-120b on one H100 at 0.82: its 18 full-attention layers need every token of a
+    # 131,072-token request; the longest length that fits is the largest L whose grouped blocks
+    # fit, found by the binary search vLLM's estimate_max_model_len runs.
+    from simulator.refusals import one_request_kv_bytes
+
+    message = refusal(model="gpt-oss-120b", gpu="h100-80gb", tensor_parallel=1,
+                      max_model_len=131_072, gpu_memory_utilization=0.82)
+    fits = int(message.split("estimated maximum model length is ")[1].split("'")[0])
+    model, gpu = get_model("gpt-oss-120b"), get_gpu("h100-80gb")
+    cap = kv_capacity(model, gpu, gpu_memory_utilization=0.82, max_model_len=131_072)
+    assert cap.kv_groups is not None
+    assert one_request_kv_bytes(cap, fits, 8192) <= cap.available_kv_bytes
+    assert one_request_kv_bytes(cap, fits + 1, 8192) > cap.available_kv_bytes
+    assert 0 < fits < 131_072
