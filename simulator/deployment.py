@@ -4,6 +4,17 @@ Every allocator of a scenario gets the *same* KV memory (``num_blocks × block_s
 per replica, from vLLM's capacity formula or ``num_gpu_blocks_override``); they differ only in how
 they use it.
 
+**Data parallelism** (``data_parallel_size`` = dp): vLLM runs dp engines of ``tensor_parallel``
+GPUs, each with its own scheduler, requests and KV cache, behind one front end that picks an
+engine per request (vLLM's DP load balancer: router policy ``vllm-dp``). kvplan simulates them
+as dp replicas for each of the scenario's ``num_replicas``: the built deployment's
+``scenario.num_replicas`` counts engine replicas (``num_replicas × dp``), so runs, reports and
+GPU counts (replicas × tensor_parallel) see every DP rank. What this approximates: with an MoE
+model vLLM steps its DP ranks together — every MoE layer is a collective across them, and an
+idle rank runs dummy batches (vllm/v1/engine/core.py ``DPEngineCoreProc``) — so a step lasts as
+long as the slowest rank's; kvplan's replicas step independently, each costed as if the other
+DP ranks decoded as many sequences as it does (simulator/latency/roofline.py).
+
 A deployment vLLM would refuse to start (simulator/refusals.py: a block size it does not take, a
 max_model_len beyond the model's window or beyond the KV memory, an override larger than the GPU)
 is a KvplanError saying why and what would make it start, unless the scenario says
@@ -23,6 +34,7 @@ from typing import Any, NamedTuple
 from simulator.errors import KvplanError, warn_user
 from simulator.kv.allocator import KVAllocator
 from simulator.kv.contiguous import ContiguousAllocator
+from simulator.kv.expert_parallel import ExpertRouting
 from simulator.kv.gpus import GPUSpec, get_gpu
 from simulator.kv.hybrid import HybridPagedAllocator
 from simulator.kv.models import ModelConfig, load_model
@@ -80,7 +92,8 @@ class Deployment:
                                   enable_prefix_caching=cfg.enable_prefix_caching,
                                   eviction_policy=cfg.radix_eviction_policy)
         if name == "paged" and self.capacity.kv_groups is not None:
-            return HybridPagedAllocator(self.num_blocks, self.capacity.kv_groups)
+            return HybridPagedAllocator(self.num_blocks, self.capacity.kv_groups,
+                                        enable_prefix_caching=cfg.enable_prefix_caching)
         if name == "paged":
             offload = self.scenario.kv_offload  # vllm/v1/kv_offload/cpu/spec.py: whole-replica blocks
             return PagedAllocator(self.num_blocks, cfg.block_size,
@@ -105,7 +118,9 @@ class Deployment:
             "model": self.model.name,
             "gpu": self.gpu.name,
             "tensor_parallel": cap.tp,
-            "num_replicas": self.scenario.num_replicas,
+            "data_parallel_size": cap.dp,
+            "expert_parallel_size": cap.ep,
+            "num_replicas": self.scenario.num_replicas,  # engine replicas: one per DP rank
             "kv_cache_dtype": cap.kv_cache_dtype,
             "bytes_per_token": cap.bytes_per_token,
             "block_size": self.scheduler_config.block_size,
@@ -114,6 +129,7 @@ class Deployment:
             "available_kv_gib": cap.available_kv_bytes / GIB,
             "kv_pool_gib": self.num_blocks * cap.block_bytes / GIB,
             "weight_gib_per_rank": cap.weight_bytes / GIB,
+            "expert_weight_gib_per_rank": cap.expert_weight_bytes / GIB,
             "quantization": cap.weight_format.quantization,
             "weight_dtype": cap.weight_format.weight_dtype,
             "gemm_dtype": cap.weight_format.gemm_dtype,
@@ -228,7 +244,8 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
             block_size=block_size, gpu_memory_utilization=knobs.gpu_memory_utilization,
             max_num_batched_tokens=batched, max_num_seqs=max_seqs or 1, max_model_len=max_model_len,
             knobs=SCENARIO_KEYS, static_fraction=sglang,
-            hybrid_kv_cache_manager=_hybrid_manager(scenario))
+            hybrid_kv_cache_manager=_hybrid_manager(scenario), dp=scenario.data_parallel_size,
+            enable_expert_parallel=scenario.enable_expert_parallel)
 
     try:
         cap = capacity_at(scenario.tensor_parallel, scenario.kv_cache_dtype)
@@ -265,6 +282,9 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
     latency = _latency_model(scenario, base_dir, model, gpu, cap, block_size, force_profile)
     if scenario.speculative is not None:
         latency = _speculative_latency(scenario, latency, drafter, gpu, block_size, where)
+    if scenario.data_parallel_size > 1:  # one engine replica per DP rank (module docstring)
+        scenario = scenario.model_copy(update={
+            "num_replicas": scenario.num_replicas * scenario.data_parallel_size})
     return Deployment(scenario, model, gpu, cap, num_blocks, sched, latency, said)
 
 
@@ -369,4 +389,8 @@ def _latency_model(scenario: Scenario, base_dir: Path, model: ModelConfig, gpu: 
         allreduce_latency_s=spec.allreduce_latency_s, request_overhead_s=spec.request_overhead_s,
         host_bandwidth_bytes_s=scenario.kv_offload.bandwidth_gb_s * 1e9
         if scenario.kv_offload and scenario.kv_offload.bandwidth_gb_s else None,
+        dp=scenario.data_parallel_size, enable_expert_parallel=scenario.enable_expert_parallel,
+        expert_routing=ExpertRouting(scenario.expert_routing.distribution,
+                                     scenario.expert_routing.skew, seed=scenario.seed),
+        alltoall_latency_s=spec.alltoall_latency_s,
     )

@@ -255,11 +255,12 @@ def build_export(scenario: Scenario, base_dir: Path, *, engine: str | None = Non
     benches.update(_synthetic_benches(scenario, model, len(requests)))
     span = requests[-1].arrival_s - requests[0].arrival_s if requests else 0.0
     rate = f"{(len(requests) - 1) / span:.3f} req/s on average" if span > 0 else "all at t = 0"
-    gpus = scenario.tensor_parallel * scenario.num_replicas
+    gpus = scenario.tensor_parallel * scenario.data_parallel_size * scenario.num_replicas
     header = [
         f"kvplan export: scenario {scenario.name}, engine {engine}, allocator paged",
         f"{dep.model.name} on {gpus} x {dep.gpu.name} (tensor parallel {scenario.tensor_parallel}"
-        f", {scenario.num_replicas} replica(s)); KV pool per replica: {dep.num_blocks:,} blocks "
+        + (f", data parallel {scenario.data_parallel_size}" if scenario.data_parallel_size > 1 else "")
+        + f", {scenario.num_replicas} replica(s)); KV pool per engine: {dep.num_blocks:,} blocks "
         f"of {sched.block_size} tokens = {dep.capacity_tokens:,} tokens",
         f"load: {len(requests):,} requests from trace.jsonl, {rate}",
     ]
@@ -350,8 +351,15 @@ def _vllm_serve(scenario: Scenario, dep: Deployment, model: str, fraction: float
         argv += ["--max-num-partial-prefills", str(scenario.max_num_partial_prefills)]
     if scenario.num_gpu_blocks_override is not None:
         argv += ["--num-gpu-blocks-override", str(scenario.num_gpu_blocks_override)]
-    if scenario.num_replicas > 1:
-        argv += ["--data-parallel-size", str(scenario.num_replicas)]
+    if scenario.enable_expert_parallel:
+        # vllm/engine/arg_utils.py --enable-expert-parallel, --data-parallel-size: the MoE layers
+        # are expert parallel over data_parallel_size x tensor_parallel GPUs (one server)
+        argv += ["--data-parallel-size", str(scenario.data_parallel_size), "--enable-expert-parallel"]
+        if scenario.num_replicas > 1:
+            notes.append(f"num_replicas {scenario.num_replicas}: run {scenario.num_replicas} such "
+                         "servers (each its own expert-parallel group) behind a router")
+    elif scenario.num_replicas * scenario.data_parallel_size > 1:
+        argv += ["--data-parallel-size", str(scenario.num_replicas * scenario.data_parallel_size)]
         if scenario.router.policy != "vllm-dp":
             notes.append(f"router: kvplan routed by {scenario.router.policy}; vLLM's own data-"
                          "parallel balancer is policy vllm-dp (waiting x 4 + running): for "

@@ -6,6 +6,9 @@
     model: llama-3.1-8b            # catalog name, HF id, or a path to a config.json
     gpu: h100-80gb
     tensor_parallel: 1
+    data_parallel_size: 1          # vLLM's DP ranks (engines of tensor_parallel GPUs each)
+    enable_expert_parallel: false  # MoE layers expert parallel over data_parallel_size × tensor_parallel
+    expert_routing: {distribution: uniform}   # or {distribution: zipf, skew: 1.0}
     allocators: [paged, contiguous-max, contiguous-pow2, contiguous-oracle]
     engine: vllm-v1                # vllm-v1 (default), vllm-v0 (the paper's), or sglang
     # the engine's knobs, under vLLM's names (SGLang's own knobs under SGLang's names)
@@ -86,6 +89,8 @@ class LatencySpec(_Spec):
     step_overhead_s: Annotated[float, Field(ge=0, le=10)] | None = None
     prefill_overhead_s: Annotated[float, Field(ge=0, le=10)] | None = None
     allreduce_latency_s: Annotated[float, Field(ge=0, le=1)] | None = None
+    # per expert-parallel dispatch or combine; None = allreduce_latency_s's value
+    alltoall_latency_s: Annotated[float, Field(ge=0, le=1)] | None = None
     request_overhead_s: Annotated[float, Field(ge=0, le=10)] | None = None
     step_s: Annotated[float, Field(gt=0, le=100)] | None = None  # constant model
 
@@ -194,6 +199,22 @@ class KVOffloadSpec(_Spec):
     bandwidth_gb_s: Annotated[float, Field(gt=0, le=100_000)] | None = None
 
 
+class ExpertRoutingSpec(_Spec):
+    """``expert_routing:``: how an MoE model's tokens pick experts, for the busiest expert-parallel
+    rank's load (simulator/kv/expert_parallel.py): ``uniform``, or ``zipf`` with ``skew`` > 0."""
+
+    distribution: Literal["uniform", "zipf"] = "uniform"
+    skew: Annotated[float, Field(ge=0, le=10)] = 0.0
+
+    @model_validator(mode="after")
+    def _skew(self) -> ExpertRoutingSpec:
+        if self.distribution == "zipf" and self.skew <= 0:
+            raise ValueError("distribution zipf needs skew > 0")
+        if self.distribution == "uniform" and self.skew:
+            raise ValueError("skew is for distribution zipf")
+        return self
+
+
 SPEC_METHODS: tuple[str, ...] = ("eagle", "draft_model", "mtp", "ngram")
 
 
@@ -251,6 +272,12 @@ class Scenario(_Spec):
     model: str
     gpu: str
     tensor_parallel: Annotated[int, Field(ge=1, le=64)] = 1
+    # vLLM's --data-parallel-size / --enable-expert-parallel (simulator/kv/expert_parallel.py):
+    # data_parallel_size engines of tensor_parallel GPUs, simulated as that many replicas per
+    # num_replicas; MoE layers expert parallel over all their GPUs
+    data_parallel_size: Annotated[int, Field(ge=1, le=1024)] = 1
+    enable_expert_parallel: bool = False
+    expert_routing: ExpertRoutingSpec = ExpertRoutingSpec()
     num_replicas: Annotated[int, Field(ge=1, le=4096)] = 1
     router: RouterSpec = RouterSpec()  # which replica each request goes to (simulator/router.py)
     allocators: tuple[str, ...] = ("paged",)
@@ -359,6 +386,18 @@ class Scenario(_Spec):
         if engines == ("sglang",) and self.allocators != ("paged",):
             raise ValueError("engine sglang manages its own token pool: allocators must be "
                              "[paged] (compare contiguous reservation under engine vllm-v0)")
+        return self
+
+    @model_validator(mode="after")
+    def _data_parallel(self) -> Scenario:
+        """Data parallelism and expert parallelism are simulated as vLLM V1 runs them."""
+        if self.data_parallel_size == 1 and not self.enable_expert_parallel:
+            return self
+        if self.engines != ("vllm-v1",):
+            raise ValueError("data_parallel_size / enable_expert_parallel: simulated for engine "
+                             f"vllm-v1 only, not {', '.join(e for e in self.engines if e != 'vllm-v1')}")
+        if self.disaggregation is not None:
+            raise ValueError("data_parallel_size / enable_expert_parallel: not with disaggregation")
         return self
 
     @model_validator(mode="after")

@@ -6,6 +6,7 @@ Examples::
     kvplan size --layers 32 --kv-heads 8 --head-dim 128 --seq-len 6000
     kvplan size --model meta-llama/Llama-3.1-8B --gpu h100 --json
     kvplan size --model llama-3.1-70b --gpu a100 --tp 2 --quantization awq
+    kvplan size --model deepseek-v3 --gpu h200 --dp 8 --enable-expert-parallel --max-model-len 8192
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (default 2048)")
     p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (default 1)")
+    p.add_argument("--dp", type=int, default=1,
+                   help="data-parallel ranks, each with its own requests and KV (default 1)")
+    p.add_argument("--enable-expert-parallel", action="store_true",
+                   help="MoE layers expert parallel over dp × tp ranks (vLLM's flag)")
     p.add_argument("--gpu", help="GPU name (h100, a100-80gb, l4, mi300x...) for the capacity")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
@@ -74,7 +79,7 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``kvplan size``; print a table (or JSON) and return 0. Bad input -> KvplanError."""
-    for flag in ("seq_len", "batch", "tp", "block_size"):
+    for flag in ("seq_len", "batch", "tp", "dp", "block_size"):
         _positive(flag, getattr(args, flag))
     model, layout = _resolve(args)
     per_seq = (sequence_kv_bytes(model, layout, args.seq_len) if model is not None
@@ -89,7 +94,10 @@ def run(args: argparse.Namespace) -> int:
             model, get_gpu(args.gpu), tp=args.tp, kv_cache_dtype=args.kv_cache_dtype,
             block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
             max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-            max_model_len=args.max_model_len, quantization=args.quantization)
+            max_model_len=args.max_model_len, quantization=args.quantization, dp=args.dp,
+            enable_expert_parallel=args.enable_expert_parallel)
+    elif args.dp > 1 or args.enable_expert_parallel:
+        raise KvplanError("--dp and --enable-expert-parallel size weights per rank: give --gpu")
     result = _result(args, model, layout, total_bytes, capacity)
     if args.json:
         print(json.dumps(result, indent=2))
@@ -157,6 +165,11 @@ def _result(args: argparse.Namespace, model: ModelConfig | None, layout: KVLayou
             "capacity_tokens": cap.capacity_tokens, "max_model_len": cap.max_model_len,
             "max_concurrency": cap.max_concurrency,
             "max_seqs_at_seq_len": cap.num_blocks // blocks_per_seq,
+            "data_parallel_size": cap.dp, "expert_parallel_size": cap.ep,
+            "expert_weight_bytes": cap.expert_weight_bytes,
+            "experts_per_rank": cap.experts_per_rank,
+            "total_max_concurrency": cap.total_concurrency,
+            "total_max_seqs_at_seq_len": cap.num_blocks // blocks_per_seq * cap.dp,
             "weights": cap.weight_format.describe(),
             "notes": list(cap.notes),
         })
@@ -174,7 +187,21 @@ def _table(args: argparse.Namespace, result: dict[str, Any], cap: KVCapacity | N
     ]
     if cap is not None:
         fit = f"{result['max_seqs_at_seq_len']:,} (blocks of {cap.block_size})"
+        if cap.dp > 1:
+            fit = (f"{result['max_seqs_at_seq_len']:,} per DP rank, "
+                   f"{result['total_max_seqs_at_seq_len']:,} in all (blocks of {cap.block_size})")
         rows.append((f"sequences of {args.seq_len:,} that fit", fit))
+        if cap.dp > 1 or cap.ep > 1:
+            rows.append(("parallelism", f"{cap.dp} DP rank(s) × TP {cap.tp}; experts: "
+                         + (f"EP {cap.ep}, {cap.experts_per_rank} routed experts per layer on"
+                            " the fullest rank" if cap.ep > 1 else "TP-sharded")))
+            rows.append(("weights per rank", f"{cap.weight_bytes / GIB:.2f} GiB, of which routed"
+                         f" experts {cap.expert_weight_bytes / GIB:.2f} GiB"))
+            rows.append(("KV per rank", f"{cap.available_kv_bytes / GIB:.2f} GiB available,"
+                         f" {cap.num_blocks * cap.block_bytes / GIB:.2f} GiB in"
+                         f" {cap.num_blocks:,} blocks; each DP rank holds only its own requests"))
+            rows.append(("max concurrency", f"{cap.max_concurrency:.2f}x per DP rank,"
+                         f" {cap.total_concurrency:.2f}x in all, at {cap.max_model_len:,} tokens"))
         fmt = cap.weight_format
         rows.append(("weights", f"{fmt.weight_dtype} (quantization {fmt.quantization},"
                                 f" {fmt.origin}), GEMMs in {fmt.gemm_dtype}"))

@@ -10,6 +10,11 @@ Conventions (so every entry is comparable):
   bidirectional sum (NVLink 4: 900 GB/s = 450 each way; PCIe 4.0 x16: 64 GB/s = 32 each way),
   and a ring all-reduce or a one-way swap copy moves data one way per link. GPUs without a GPU
   fabric use PCIe for ``interconnect_bandwidth_bytes_s``.
+* ``gpus_per_node`` GPUs share one fabric (an NVLink domain); traffic to GPUs beyond it (an
+  expert-parallel all-to-all over more ranks) takes the scale-out network at
+  ``scaleout_bandwidth_bytes_s`` per GPU per direction. Default: 8 GPUs and one 400 Gb/s NIC
+  per GPU (50 GB/s), as in NVIDIA's DGX H100/H200 (8 × ConnectX-7 400 Gb/s for the compute
+  fabric, DGX H100/H200 user guide, "Hardware overview"); DGX A100 has 8 × ConnectX-6 200 Gb/s.
 * ``price_usd_per_hour`` is a typical on-demand cloud price per GPU, for cost comparisons only;
   prices change often, check the source.
 """
@@ -41,6 +46,8 @@ class GPUSpec:
     price_usd_per_hour: float
     # Dense int8 tensor-core ops/s (TOPS × 1e12), what W8A8 int8 GEMMs run at; 0 = none.
     dense_int8_ops: float = 0.0
+    gpus_per_node: int = 8  # GPUs on one fabric (module docstring)
+    scaleout_bandwidth_bytes_s: float = 50e9  # per GPU per direction beyond the node
 
     @property
     def hbm_gib(self) -> float:
@@ -53,10 +60,10 @@ _CATALOG: tuple[GPUSpec, ...] = (
     # SXM4, $1.29/GPU-h (lambda.ai/pricing, 2025).
     # INT8 624 TOPS dense (1,248 with sparsity), same datasheet.
     GPUSpec("A100-40GB", 40 * _GIB, 1.555e12, 312e12, 0.0, 300e9, _PCIE4_BYTES_S, 1.29,
-            dense_int8_ops=624e12),
+            dense_int8_ops=624e12, scaleout_bandwidth_bytes_s=25e9),
     # Same datasheet, 80 GB HBM2e 2,039 GB/s. Price: Lambda 8x A100 80GB SXM4, $1.79/GPU-h (2025).
     GPUSpec("A100-80GB", 80 * _GIB, 2.039e12, 312e12, 0.0, 300e9, _PCIE4_BYTES_S, 1.79,
-            dense_int8_ops=624e12),
+            dense_int8_ops=624e12, scaleout_bandwidth_bytes_s=25e9),
     # NVIDIA H100 datasheet (SXM5): 80 GB HBM3 3.35 TB/s, BF16 989 TFLOPS and FP8 1,979 TFLOPS
     # dense (half the "with sparsity" figures), NVLink 4 900 GB/s, PCIe 5.0.
     # Price: Lambda 8x H100 SXM, $2.99/GPU-h (lambda.ai/pricing, 2025).

@@ -55,6 +55,18 @@ be converted.
   pads the state to that page (vllm/platforms/interface.py, ``_align_hybrid_block_size``;
   16 = FlashAttention's kernel block multiple).
 
+**Data-parallel attention and expert parallelism** (``dp`` DP ranks of ``tp`` ranks, MoE
+layers expert parallel over ``ep = dp × tp``: :mod:`simulator.kv.expert_parallel`). Per rank::
+
+    weights = (weights − routed experts) / TP  +  MoE layers × ceil(E / ep) × one expert
+
+(the dense part, shared experts included, is replicated on every DP rank and TP-sharded within
+it; the rank holding the most experts sets the figure). KV is per DP rank: β at the DP rank's
+TP, the pool holding only that DP rank's requests, so the deployment holds ``dp`` times the
+concurrency of one. The fused-MoE activation caches use the experts' full width
+(``moe_intermediate_size``, no TP inside an expert). With ``dp = 1`` and EP off this is the
+formula above, byte for byte.
+
 The non-torch overhead (:data:`NON_TORCH_OVERHEAD_BYTES`, 0.5 GiB) stands for what vLLM reports
 as ``non_torch_memory``: cuBLAS workspaces, NCCL buffers, the allocator's slack; it measures
 ~0.5 GiB for Llama-3.1-8B on an H100. CUDA-graph memory comes out of the 1 − utilization margin.
@@ -67,6 +79,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from simulator.errors import KvplanError, did_you_mean
+from simulator.kv.expert_parallel import ParallelLayout
 from simulator.kv.gpus import GPUSpec
 from simulator.kv.model_config import (
     CHUNKED_ATTENTION,
@@ -101,10 +114,12 @@ class KnobNames:
     gpu_memory_utilization: str
     max_num_batched_tokens: str
     max_model_len: str
+    dp: str = "data_parallel_size"
+    ep: str = "enable_expert_parallel"
 
 
 CLI_FLAGS = KnobNames("--tp", "--gpu-memory-utilization", "--max-num-batched-tokens",
-                      "--max-model-len")
+                      "--max-model-len", "--dp", "--enable-expert-parallel")
 SCENARIO_KEYS = KnobNames("tensor_parallel", "gpu_memory_utilization", "max_num_batched_tokens",
                           "max_model_len")
 
@@ -349,8 +364,10 @@ def max_sequences(pool_bytes: int, bytes_per_token: int, seq_len_tokens: int,
 
 
 def activation_bytes(model: ModelConfig, *, tp: int = 1, max_num_batched_tokens: int = 8192,
-                     max_num_seqs: int = 256) -> int:
-    """Peak activation bytes of one rank's forward pass (formula in the module docstring)."""
+                     max_num_seqs: int = 256, moe_tp: int | None = None) -> int:
+    """Peak activation bytes of one rank's forward pass (formula in the module docstring).
+    ``moe_tp``: ranks each expert's matrices are split over (1 under expert parallelism;
+    default ``tp``)."""
     act = min(dtype_bits(model.torch_dtype), 32) // 8
     act = max(act, 2)  # fp8/int weights still run 16-bit activations
     tokens = max_num_batched_tokens
@@ -358,7 +375,8 @@ def activation_bytes(model: ModelConfig, *, tp: int = 1, max_num_batched_tokens:
     mlp_width = 2 if model.model_type == "opt" else 3  # fc1 out + activation | gate_up + silu
     candidates = [tokens * mlp_width * math.ceil(model.intermediate_size / tp) * act]
     if model.is_moe:
-        per_token = 3 * math.ceil((model.moe_intermediate_size or 0) / tp) + model.hidden_size
+        split = tp if moe_tp is None else moe_tp
+        per_token = 3 * math.ceil((model.moe_intermediate_size or 0) / split) + model.hidden_size
         candidates.append(tokens * model.experts_per_token * per_token * act)
     heads = model.num_attention_heads // tp
     if model.is_mla:
@@ -395,6 +413,26 @@ class KVCapacity:
     weight_format: WeightFormat  # how the weights are stored and computed (quantization)
     # the hybrid manager's groups (None: one group, every layer sized as full attention)
     kv_groups: HybridKVLayout | None = None
+    dp: int = 1  # data-parallel ranks, each with its own KV pool of num_blocks
+    ep: int = 1  # expert-parallel ranks (1: experts TP-sharded)
+    expert_weight_bytes: int = 0  # routed experts on this rank (in weight_bytes)
+    experts_per_rank: int = 0  # routed experts per MoE layer on this rank
+
+    @property
+    def total_concurrency(self) -> float:
+        """Requests of ``max_model_len`` the whole deployment holds: every DP rank's pool."""
+        return self.max_concurrency * self.dp
+
+
+def weights_per_rank(model: ModelConfig, fmt: WeightFormat, layout: ParallelLayout) -> tuple[int, int]:
+    """(weight bytes, of which routed experts) on the rank holding the most (module
+    docstring); ``ceil(weights / TP)`` without DP or expert parallelism."""
+    if layout.dp == 1 and not layout.enable_expert_parallel:
+        routed = model.num_moe_layers * model.num_experts * fmt.expert_bytes
+        return math.ceil(fmt.weight_bytes / layout.tp), math.ceil(routed / layout.tp)
+    routed_total = model.num_moe_layers * model.num_experts * fmt.expert_bytes
+    experts = model.num_moe_layers * layout.experts_per_rank(model) * fmt.expert_bytes
+    return math.ceil((fmt.weight_bytes - routed_total) / layout.tp) + experts, experts
 
 
 def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype: str = "auto",
@@ -402,7 +440,8 @@ def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype
                 max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
                 max_model_len: int | None = None, quantization: str = "auto",
                 knobs: KnobNames = CLI_FLAGS, static_fraction: bool = False,
-                hybrid_kv_cache_manager: bool = True) -> KVCapacity:
+                hybrid_kv_cache_manager: bool = True, dp: int = 1,
+                enable_expert_parallel: bool = False) -> KVCapacity:
     """KV blocks that fit on each rank of ``gpu`` serving ``model`` (module docstring formula).
 
     ``max_model_len`` defaults to the model's ``max_position_embeddings``; ``quantization`` is
@@ -417,6 +456,10 @@ def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype
     and CUDA graphs live in the rest, so none are subtracted: KV = available after loading the
     weights − HBM × (1 − mem_fraction_static)
     (python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py ``profile_max_num_token``).
+
+    ``dp`` / ``enable_expert_parallel``: vLLM's ``--data-parallel-size`` and
+    ``--enable-expert-parallel`` (module docstring); the figures are per rank, the pool per DP
+    rank.
     """
     for flag, value in (("block size", block_size), ("max num batched tokens",
                         max_num_batched_tokens), ("max num seqs", max_num_seqs)):
@@ -427,15 +470,18 @@ def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype
     model_len = model.max_position_embeddings if max_model_len is None else max_model_len
     _require_positive("max model len", model_len)
     layout = model_kv_layout(model, kv_cache_dtype, tp, knobs=knobs)
+    parallel = ParallelLayout(tp, dp, enable_expert_parallel)
+    parallel.check(model, tp_knob=knobs.tp, dp_knob=knobs.dp, ep_knob=knobs.ep)
     budget = int(gpu_memory_utilization * gpu.hbm_bytes)
     weight_format = resolve_quantization(model, quantization, gpu)
-    weights = math.ceil(weight_format.weight_bytes / tp)
+    weights, expert_weights = weights_per_rank(model, weight_format, parallel)
     if weights >= budget:
         raise KvplanError(f"{model.name} weights ({weights / GIB:.1f} GiB per rank) do not fit in"
                           f" {gpu_memory_utilization:.2f} × {gpu.hbm_gib:g} GiB of {gpu.name};"
-                          f" raise {knobs.tp}")
+                          f" raise {knobs.tp}" + (f" or {knobs.dp}" if model.is_moe else ""))
     activations = 0 if static_fraction else activation_bytes(
-        model, tp=tp, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
+        model, tp=tp, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+        moe_tp=1 if enable_expert_parallel else tp)
     available = budget - weights - activations - NON_TORCH_OVERHEAD_BYTES
     groups = kv_cache_groups(model, layout, block_size,
                              hybrid_kv_cache_manager=hybrid_kv_cache_manager)
@@ -477,7 +523,8 @@ def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype
         non_torch_bytes=NON_TORCH_OVERHEAD_BYTES, available_kv_bytes=available,
         num_blocks=num_blocks, capacity_tokens=capacity, max_model_len=model_len,
         max_concurrency=concurrency, notes=tuple(notes), weight_format=weight_format,
-        kv_groups=groups)
+        kv_groups=groups, dp=dp, ep=parallel.ep_size, expert_weight_bytes=expert_weights,
+        experts_per_rank=parallel.experts_per_rank(model) if model.is_moe else 0)
 
 
 def hybrid_capacity_tokens(num_blocks: int, blocks_per_request: int, max_model_len: int) -> int:

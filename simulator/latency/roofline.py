@@ -69,6 +69,29 @@ longest context only, so a window layer's decode read is ``Σ min(c, W)`` bounde
 context tells), an upper bound in between. Every KV layer still writes each new token.
 A model with only full-attention layers takes the formula above unchanged.
 
+**Expert parallelism** (``enable_expert_parallel``, ``dp`` DP ranks of ``tp``:
+:mod:`simulator.kv.expert_parallel` says who holds what and why). The rank is one of ``ep =
+dp × tp``; it holds ``ceil(E / ep)`` whole experts. The step is one DP rank's, of T tokens of
+which n decode; the other DP ranks, stepping with it (vLLM steps them together), are taken to
+decode n sequences each — a prefill chunk is one rank's at a time in the steady state — so each
+MoE layer routes ``G = T + (dp − 1) × n`` tokens::
+
+    MoE weights read  = MoE layers × experts touched on the busiest rank (G tokens) × one expert
+    expert_flops      = 2 × expert params × MoE layers × busiest rank's (expert, token) pairs (G)
+    all_to_all        = 2 per MoE layer (dispatch, combine) when dp > 1, each
+                        T × hidden × a × max(remote ranks on the node / interconnect_BW,
+                                             remote ranks off the node / scale-out BW)
+                        + alltoall_latency_s
+
+The busiest rank's pairs and experts come from ``expert_routing`` (uniform, or zipf with a
+skew): a skewed routing loads one rank more, and every rank waits for it. A token is sent once
+to each remote rank holding one of its experts (``remote_ranks_per_token``); with ``k = 1`` that
+is ``(ep − 1)/ep`` of the tokens each way. ``alltoall_latency_s`` (per call) defaults to the
+fitted all-reduce latency of the GPU's fabric (:mod:`simulator.latency.constants`): both are one
+collective's launch and synchronisation, and no all-to-all measurement has been fitted. With
+``dp = 1`` the TP ranks hold every token already: no all-to-all, the layer's all-reduce stays.
+With expert parallelism off and uniform routing the MoE terms are those above, unchanged.
+
 An empty plan (nothing to compute and nothing to copy) costs 0.
 """
 
@@ -78,6 +101,12 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from simulator.errors import KvplanError
+from simulator.kv.expert_parallel import (
+    ExpertRouting,
+    ParallelLayout,
+    busiest_rank_load,
+    remote_ranks_per_token,
+)
 from simulator.kv.gpus import GPUSpec
 from simulator.kv.model_config import (
     CHUNKED_ATTENTION,
@@ -111,6 +140,9 @@ class StepTerms(NamedTuple):
     prefill: float  # 1.0 if a prefill chunk runs this step, else 0.0
     copy_bytes: float  # on-device block copies (copy-on-write), read + write
     swap_bytes: float  # host-link block copies (swap in and out)
+    # expert-parallel dispatch and combine, seconds: links (datasheet rates) plus the fixed
+    # per-call latency, which is not one of the fitted constants
+    alltoall_s: float = 0.0
 
 
 class Rates(NamedTuple):
@@ -138,6 +170,7 @@ class StepCost(NamedTuple):
     allreduce_s: float
     transfer_s: float  # swap (PCIe) and copy-on-write (HBM) block copies
     overhead_s: float  # per-step overhead, plus the prefill overhead when a prefill runs
+    alltoall_s: float = 0.0  # expert-parallel dispatch and combine
 
     @property
     def flops(self) -> float:
@@ -150,7 +183,7 @@ class StepCost(NamedTuple):
     @property
     def total_s(self) -> float:
         return (max(self.memory_s, self.compute_s) + self.allreduce_s + self.transfer_s
-                + self.overhead_s)
+                + self.overhead_s + self.alltoall_s)
 
     @property
     def compute_bound(self) -> bool:
@@ -171,7 +204,7 @@ def combine(t: Any, rates: Rates, c: RooflineConstants,
                                        + c.allreduce_latency_s)
     transfer_s = t.swap_bytes / rates.pcie_bytes_s + t.copy_bytes / hbm
     return (maximum(memory_s, compute_s) + allreduce_s + transfer_s
-            + c.step_overhead_s + t.prefill * c.prefill_overhead_s)
+            + c.step_overhead_s + t.prefill * c.prefill_overhead_s + t.alltoall_s)
 
 
 _NO_TERMS = StepTerms(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
@@ -190,10 +223,15 @@ class RooflineLatency:
                  prefill_overhead_s: float | None = None,
                  allreduce_latency_s: float | None = None,
                  request_overhead_s: float | None = None,
-                 host_bandwidth_bytes_s: float | None = None) -> None:
+                 host_bandwidth_bytes_s: float | None = None, dp: int = 1,
+                 enable_expert_parallel: bool = False,
+                 expert_routing: ExpertRouting | None = None,
+                 alltoall_latency_s: float | None = None) -> None:
         """``constants`` default to the fitted ones for ``gpu``; each keyword overrides one.
         ``host_bandwidth_bytes_s``: the host link's rate for KV block copies (swap, and loads
         from a ``kv_offload`` tier, which share ``num_swap_in_blocks``); default: the GPU's PCIe.
+        ``dp``, ``enable_expert_parallel``, ``expert_routing``, ``alltoall_latency_s``: expert
+        parallelism (module docstring); the step is one DP rank's, costed on its busiest rank.
         Raises KvplanError for efficiencies outside (0, 1], negative times, block_size < 1
         or a tp that does not divide the model's heads."""
         base = constants if constants is not None else default_constants(gpu)
@@ -228,6 +266,31 @@ class RooflineLatency:
 
         self._dense_weight_bytes = self.weight_format.dense_weight_bytes / tp
         self._expert_bytes = self.weight_format.expert_bytes / tp
+        self.parallel = ParallelLayout(tp, dp, enable_expert_parallel)
+        self.parallel.check(model)
+        self.expert_routing = expert_routing or ExpertRouting()
+        self.alltoall_latency_s = (self.constants.allreduce_latency_s if alltoall_latency_s is None
+                                   else alltoall_latency_s)
+        # Expert parallelism, or a skewed routing: the busiest ranks' shares (module docstring);
+        # None keeps the uniform single-rank formula of _experts_touched.
+        self._rank_load = None
+        self._touched: dict[int, float] = {}  # routed tokens -> experts touched (_moe_terms)
+        self._alltoall_s_per_token = 0.0
+        self._alltoall_calls = 0.0
+        if model.is_moe and (enable_expert_parallel or self.expert_routing.distribution != "uniform"):
+            self._rank_load = busiest_rank_load(model, self.parallel, self.expert_routing)
+            if enable_expert_parallel:  # whole experts, no TP inside one
+                self._expert_bytes = float(self.weight_format.expert_bytes)
+            split = 1 if enable_expert_parallel else tp  # TP-sharded experts: 1/tp of each pair
+            self._expert_flops_per_pair = 2.0 * model.num_moe_layers * model.routed_expert_params / split
+        if self.parallel.uses_all_to_all:
+            on_node, off_node = remote_ranks_per_token(model, self.parallel, self.expert_routing,
+                                                       gpu.gpus_per_node)
+            token_bytes = model.hidden_size * (4 if dtype_bits(model.torch_dtype) == 32 else 2)
+            self._alltoall_calls = 2.0 * model.num_moe_layers
+            self._alltoall_s_per_token = token_bytes * max(
+                on_node / gpu.interconnect_bandwidth_bytes_s,
+                off_node / gpu.scaleout_bandwidth_bytes_s)
         self._num_experts = model.num_experts
         self._experts_per_tok = model.experts_per_token
         self._flops_per_token = 2 * model.dense_body_params / tp
@@ -339,30 +402,30 @@ class RooflineLatency:
             return _NO_TERMS._replace(copy_bytes=copy_bytes, swap_bytes=swap_bytes)
         tokens = plan.num_batched_tokens
         num_sampled = plan.num_decode_seqs + sum(1 for c in plan.prefills if c.samples_token)
-        weight_bytes = self._dense_weight_bytes + (
-            self.model.num_moe_layers * self._experts_touched(tokens) * self._expert_bytes)
+        weight_bytes, expert_flops, alltoall_s = self._moe_terms(tokens, plan.num_decode_seqs)
         if self._hybrid:
             kv_read, attention = self._hybrid_attention(plan)
             return StepTerms(
                 weight_bytes=weight_bytes, kv_read_bytes=kv_read,
                 kv_write_bytes=tokens * self.bytes_per_token,
                 gemm_flops=self._flops_per_token * tokens + self._flops_per_sample * num_sampled,
-                expert_flops=self._expert_flops_per_token * tokens, attention_flops=attention,
+                expert_flops=expert_flops, attention_flops=attention,
                 allreduce_calls=self._allreduce_calls,
                 allreduce_bytes=self._ring_bytes_per_token * tokens,
                 prefill=1.0 if plan.prefills else 0.0, copy_bytes=copy_bytes,
-                swap_bytes=swap_bytes)
+                swap_bytes=swap_bytes, alltoall_s=alltoall_s)
         return StepTerms(
             weight_bytes=weight_bytes,
             kv_read_bytes=(plan.prefill_context_tokens + plan.decode_context_tokens) * self.bytes_per_token,
             kv_write_bytes=tokens * self.bytes_per_token,
             gemm_flops=self._flops_per_token * tokens + self._flops_per_sample * num_sampled,
-            expert_flops=self._expert_flops_per_token * tokens,
+            expert_flops=expert_flops,
             attention_flops=(self._prefill_flops_per_pair * plan.prefill_attention_pairs
                              + self._decode_flops_per_ctx * plan.decode_context_tokens),
             allreduce_calls=self._allreduce_calls,
             allreduce_bytes=self._ring_bytes_per_token * tokens,
-            prefill=1.0 if plan.prefills else 0.0, copy_bytes=copy_bytes, swap_bytes=swap_bytes)
+            prefill=1.0 if plan.prefills else 0.0, copy_bytes=copy_bytes, swap_bytes=swap_bytes,
+            alltoall_s=alltoall_s)
 
     def step_cost(self, plan: StepPlan) -> StepCost:
         """The step's terms and their seconds, for reports and tests."""
@@ -382,7 +445,8 @@ class RooflineLatency:
             allreduce_s=t.allreduce_calls * (t.allreduce_bytes / r.interconnect_bytes_s
                                              + c.allreduce_latency_s),
             transfer_s=transfer_s,
-            overhead_s=c.step_overhead_s + t.prefill * c.prefill_overhead_s)
+            overhead_s=c.step_overhead_s + t.prefill * c.prefill_overhead_s,
+            alltoall_s=t.alltoall_s)
 
     def describe(self) -> dict[str, object]:
         """The model's constants, for reports (JSON-serialisable)."""
@@ -390,6 +454,10 @@ class RooflineLatency:
         return {
             "latency_model": "roofline",
             "model": self.model.name, "gpu": self.gpu.name, "tp": self.tp,
+            "data_parallel_size": self.parallel.dp, "expert_parallel_size": self.parallel.ep_size,
+            "expert_routing": {"distribution": self.expert_routing.distribution,
+                               "skew": self.expert_routing.skew},
+            "alltoall_latency_s": self.alltoall_latency_s,
             "kv_cache_dtype": self.kv_cache_dtype, "weight_dtype": self.weight_dtype,
             "gemm_dtype": self.gemm_dtype,
             "block_size": self.block_size, "bytes_per_token": self.bytes_per_token,
@@ -435,6 +503,26 @@ class RooflineLatency:
         attention = (self._pair_flops_per_layer * pairs + self._decode_flops_per_layer * decode_keys
                      + self._linear_flops_per_token * plan.num_batched_tokens)
         return kv_read, attention
+
+    def _moe_terms(self, tokens: int, decode_seqs: int) -> tuple[float, float, float]:
+        """(weights read, expert FLOPs, all-to-all seconds) of a step of ``tokens``, of which
+        ``decode_seqs`` decode, on this rank: the dense weights plus the experts the routed
+        tokens touch (module docstring)."""
+        load = self._rank_load
+        if load is None:
+            return (self._dense_weight_bytes
+                    + self.model.num_moe_layers * self._experts_touched(tokens) * self._expert_bytes,
+                    self._expert_flops_per_token * tokens, 0.0)
+        routed = tokens + (self.parallel.dp - 1) * decode_seqs  # module docstring
+        alltoall_s = 0.0
+        if self._alltoall_calls:
+            alltoall_s = self._alltoall_calls * (tokens * self._alltoall_s_per_token
+                                                 + self.alltoall_latency_s)
+        touched = self._touched.get(routed)
+        if touched is None:  # a zipf rank's sum is O(E): once per token count
+            touched = self._touched[routed] = load.experts_touched(routed)
+        return (self._dense_weight_bytes + self.model.num_moe_layers * touched * self._expert_bytes,
+                self._expert_flops_per_pair * load.busiest_pairs(routed), alltoall_s)
 
     def _experts_touched(self, tokens: int) -> float:
         """Expected distinct routed experts per MoE layer for ``tokens`` uniformly routed tokens."""

@@ -256,3 +256,18 @@ def test_trace_rows_keep_shared_prefixes_and_nothing_more() -> None:
     assert [r["hash_ids"] for r in rows] == [[0, 1, 2], [0, 3], [4], [5], [0, 1, 6]]
     assert [r["timestamp"] for r in rows] == [0.0, 0.5, 1.0, 1.5, 2.0]
     assert rows[0] == {"timestamp": 0.0, "input_length": 10, "output_length": 5, "hash_ids": [0, 1, 2]}
+
+
+def test_expert_parallel_deployment_is_one_server_of_dp_engines(tmp_path: Path) -> None:
+    # DeepSeek-V3 with data-parallel attention and expert parallelism over 8 GPUs: one server,
+    # --data-parallel-size 8 --enable-expert-parallel (vllm/engine/arg_utils.py); two such
+    # replicas are two servers, not a data-parallel group of 16 (that would be EP 16).
+    source = _scenario(tmp_path, model="deepseek-v3", tensor_parallel=1, data_parallel_size=8,
+                       enable_expert_parallel=True, num_replicas=2)
+    out = _export(tmp_path, source)
+    (_, program, flags), = _scripts(out)[0]
+    assert program == ["vllm", "serve", "deepseek-ai/DeepSeek-V3"]
+    assert [f for f in flags if not _vllm_known(f)] == []
+    assert flags["--data-parallel-size"] == ["8"] and "--enable-expert-parallel" in flags
+    serve = (out / "serve.sh").read_text(encoding="utf-8")
+    assert "on 16 x H200-141GB" in serve and "run 2 such servers" in serve
