@@ -34,13 +34,13 @@ from typing import Any, NamedTuple
 from simulator.errors import KvplanError, warn_user
 from simulator.kv.allocator import KVAllocator
 from simulator.kv.contiguous import ContiguousAllocator
-from simulator.kv.expert_parallel import ExpertRouting
+from simulator.kv.expert_parallel import ExpertRouting, ParallelLayout
 from simulator.kv.gpus import GPUSpec, get_gpu
 from simulator.kv.hybrid import HybridPagedAllocator
 from simulator.kv.models import ModelConfig, load_model
 from simulator.kv.paged import PagedAllocator
 from simulator.kv.quantization import resolve_quantization
-from simulator.kv.sizing import SCENARIO_KEYS, KVCapacity, hybrid_capacity_tokens, kv_capacity
+from simulator.kv.sizing import SCENARIO_KEYS, KVCapacity, hybrid_capacity_tokens, kv_capacity, weights_per_rank
 from simulator.latency import LatencyModel
 from simulator.latency.constant import ConstantLatency
 from simulator.latency.profile import ProfileLatency, check_profile_matches, read_profile
@@ -262,7 +262,7 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
     num_blocks = scenario.num_gpu_blocks_override or cap.num_blocks
     drafter = _drafter_model(scenario, model, where)
     if drafter is not None and not scenario.num_gpu_blocks_override:
-        num_blocks = _blocks_less_draft_weights(scenario, drafter, gpu, cap, block_size, num_blocks, where)
+        num_blocks = _blocks_less_draft_weights(scenario, drafter, gpu, cap, num_blocks, where)
     if sglang:
         from simulator.scheduler.sglang import sglang_max_running_requests
         max_seqs = sglang_max_running_requests(num_blocks * block_size, max_model_len,
@@ -303,19 +303,21 @@ def _drafter_model(scenario: Scenario, target: ModelConfig, where: str) -> Model
 
 
 def _blocks_less_draft_weights(scenario: Scenario, drafter: ModelConfig, gpu: GPUSpec,
-                               cap: KVCapacity, block_size: int, num_blocks: int, where: str) -> int:
+                               cap: KVCapacity, num_blocks: int, where: str) -> int:
     """KV blocks left once the drafter's weights (per rank, at the scenario's quantization) are
     loaded: vLLM profiles memory with the draft model loaded beside the target
     (vllm/v1/worker/gpu_model_runner.py ``load_model`` loads the drafter), so its weights come
     out of the KV budget. An EAGLE/MTP head's embedding and lm_head are the target's (shared in
     ``EagleProposer.load_model``, vllm/v1/spec_decode/eagle.py): only its layer counts."""
     fmt = resolve_quantization(drafter, scenario.quantization, gpu)
-    weights = fmt.weight_bytes
+    # per rank as the target's: TP-sharded, an MoE drafter's experts over the EP ranks
+    per_rank, _ = weights_per_rank(drafter, fmt, ParallelLayout(
+        scenario.tensor_parallel, scenario.data_parallel_size,
+        scenario.enable_expert_parallel and drafter.is_moe))
     if scenario.speculative is not None and scenario.speculative.method in ("eagle", "mtp"):
         shared = drafter.vocab_size * drafter.hidden_size * (1 if drafter.tie_word_embeddings else 2)
-        weights = fmt.weight_bytes * max(drafter.num_params - shared, 0) / drafter.num_params
-    per_rank = math.ceil(weights / scenario.tensor_parallel)
-    left = num_blocks - math.ceil(per_rank / (block_size * cap.bytes_per_token))
+        per_rank = math.ceil(per_rank * max(drafter.num_params - shared, 0) / drafter.num_params)
+    left = num_blocks - math.ceil(per_rank / cap.block_bytes)  # a hybrid pool's block spans its groups
     if left < 1:
         raise KvplanError(f"{where}: speculative: the draft weights ({per_rank / GIB:.1f} GiB per "
                           "rank) leave no KV block; raise tensor_parallel or pick a smaller draft")
