@@ -44,7 +44,7 @@ from simulator.capacity.executors import Executor, make_executor
 from simulator.capacity.options import SEARCHES
 from simulator.capacity.options import add_parser as add_parser  # the parser of run(), kept light
 from simulator.capacity.pareto import ParetoPoint, pareto_points, write_pareto_csv
-from simulator.capacity.search import SearchResult, SearchTask, remove_partial_writes, run_search
+from simulator.capacity.search import SearchResult, SearchTask, remove_partial_writes, run_chain
 from simulator.capacity.sweep import (
     csv_cell,
     CONCURRENCY_ONLY_FIELDS,
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         num_seeds=args.seeds, tolerance=args.tolerance, start_rate=args.start_rate,
         executor=args.executor, address=args.address, jobs=args.jobs, prices=args.price, out=args.out,
         plots_on=not args.no_plots, use_cache=not args.no_cache, quiet=args.quiet, search=args.search,
-        file_sweep=not args.no_sweep,
+        file_sweep=not args.no_sweep, warm_start=not args.no_warm_start,
     )
     failed = sum(1 for r in report.rows if r.status == "failed")
     if failed and not args.quiet:
@@ -121,10 +121,13 @@ def run_capacity(path: str, *, allocators: Sequence[str] | None = None, sweeps: 
                  start_rate: float | None = None, executor: str = "process", address: str | None = None,
                  jobs: int | None = None, prices: Sequence[str] = (), out: str | None = None,
                  plots_on: bool = True, use_cache: bool = True, quiet: bool = False,
-                 search: str = "rate", file_sweep: bool = True) -> CapacityReport:
+                 search: str = "rate", file_sweep: bool = True,
+                 warm_start: bool = True) -> CapacityReport:
     """Search every (point, allocator, seed), write ``capacity.csv``/``capacity.json``/plots
     (and ``pareto.csv`` for ``search="concurrency"``). ``file_sweep`` False: the file's
-    ``sweep:`` is ignored, only ``sweeps`` vary.
+    ``sweep:`` is ignored, only ``sweeps`` vary. ``warm_start``: the rate searches of points
+    that differ only in the sweep's last knob run as a chain, each starting from the previous
+    one's answer (:func:`simulator.capacity.search.run_chain`); False: each from its own bound.
 
     Every input is checked before any simulation starts. A point that cannot be deployed is a
     ``failed`` row; if no point can be, KvplanError (after the CSV is written). Ctrl-C
@@ -149,8 +152,9 @@ def run_capacity(path: str, *, allocators: Sequence[str] | None = None, sweeps: 
             remove_partial_writes(cache_dir)  # the lock is ours: any partial write is a dead run's
         started = time.perf_counter()
         finished: dict[int, SearchResult] = {}
+        chains = search_chains(points, tasks, file.sweep, warm_start)
         try:
-            results = run_searches(pool, run_search, tasks, finished, quiet)
+            results = run_chains(pool, tasks, chains, finished, quiet)
         except KeyboardInterrupt:
             if cache_dir is not None:
                 # The executor stopped its workers before the interrupt reached here, killing those
@@ -191,21 +195,67 @@ def read_sweep(path: str, allocators: Sequence[str] | None, sweeps: Sequence[str
     return dataclasses.replace(file, sweep=sweep)
 
 
+def search_chains(points: Sequence[SweepPoint], tasks: Sequence[SearchTask], sweep: dict[str, list[Any]],
+                  warm_start: bool) -> list[list[int]]:
+    """The tasks as chains of indices, each run in order by one worker (:func:`run_chain`): the
+    rate searches started from the bound (no ``--start-rate``) of one allocator and seed at the
+    points that differ only in the sweep's last knob (a zipped ``a+b`` knob counts as one), in
+    sweep order; every other task alone. ``warm_start`` False: every task alone. The chains
+    depend only on the tasks, never on the executor or the number of jobs, so the answers do
+    not either."""
+    if not warm_start or not sweep:
+        return [[i] for i in range(len(tasks))]
+    last = set(list(sweep)[-1].split("+"))
+    knobs = {p.index: tuple((k, repr(v)) for k, v in p.knobs.items() if k not in last) for p in points}
+    chains: dict[tuple[Any, ...], list[int]] = {}
+    for i, task in enumerate(tasks):
+        chainable = task.search == "rate" and task.start_rate_req_s is None
+        key = (knobs[task.point_index], task.allocator, task.seed) if chainable else ("alone", i)
+        chains.setdefault(key, []).append(i)
+    return list(chains.values())
+
+
 def run_searches(pool: Executor, fn: Callable[[T], R], tasks: Sequence[T], finished: dict[int, R],
-                 quiet: bool) -> list[R]:
-    """Run ``fn`` over every task on ``pool`` (with a progress bar on a terminal); ``finished``
-    collects each result as it arrives, so that an interrupted run can say what it had done."""
+                 quiet: bool, label: str = "searches") -> list[R]:
+    """Run ``fn`` over every task on ``pool`` (with a progress bar of ``label`` on a terminal);
+    ``finished`` collects each result as it arrives, so that an interrupted run can say what it
+    had done."""
     progress = _progress(quiet)
     if progress is None:
         return pool.run(fn, tasks, finished.__setitem__)
     with progress:
-        bar = progress.add_task("searches", total=len(tasks))
+        bar = progress.add_task(label, total=len(tasks))
 
         def done(i: int, result: R) -> None:
             finished[i] = result
             progress.advance(bar)
 
         return pool.run(fn, tasks, done)
+
+
+class _ChainResults(dict[int, list[SearchResult]]):
+    """``finished`` for :func:`run_searches` over chains: a chain's results, as they arrive, are
+    also filed by task index in ``by_task`` (what an interrupted run reports)."""
+
+    def __init__(self, chains: Sequence[Sequence[int]], by_task: dict[int, SearchResult]) -> None:
+        super().__init__()
+        self.chains = chains
+        self.by_task = by_task
+
+    def __setitem__(self, chain: int, results: list[SearchResult]) -> None:
+        super().__setitem__(chain, results)
+        self.by_task.update(zip(self.chains[chain], results))
+
+
+def run_chains(pool: Executor, tasks: Sequence[SearchTask], chains: Sequence[Sequence[int]],
+               finished: dict[int, SearchResult], quiet: bool) -> list[SearchResult]:
+    """Run each chain of ``tasks`` (lists of indices into it, :func:`search_chains`) with
+    :func:`run_chain` on ``pool``; the results in task order. ``finished`` collects them by task
+    index as each chain ends."""
+    label = "searches" if len(chains) == len(tasks) else f"chains of {len(tasks)} searches"
+    run_searches(pool, run_chain, [[tasks[i] for i in chain] for chain in chains],
+                 _ChainResults(chains, finished), quiet, label)
+    return [finished[i] for i in range(len(tasks))]
 
 
 def _say_interrupted(points: list[SweepPoint], tasks: list[SearchTask], finished: dict[int, SearchResult],

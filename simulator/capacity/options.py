@@ -37,6 +37,10 @@ def add_parser(subparsers: Any) -> None:
                    help="relative width at which bisection stops (default 0.05)")
     p.add_argument("--start-rate", type=float,
                    help="first rate tried (default: half the deployment's analytic ceiling on the rate)")
+    p.add_argument("--no-warm-start", action="store_true",
+                   help="start every point's rate search at its own analytic ceiling (default: the "
+                        "points that differ only in the sweep's last knob start from the previous "
+                        "one's answer)")
     p.add_argument("--search", choices=SEARCHES, default="rate",
                    help="what to search: the request rate (default), or the number of closed-loop "
                         "clients from 1 up (concurrency; also draws pareto.png)")

@@ -15,9 +15,20 @@ start, then bisects the bracket ``[lo, hi]`` until ``hi − lo ≤ tolerance × 
 The answer is the highest probed rate that held, with the next failing one within tolerance. A
 rate search starts (unless ``--start-rate`` says where) at half an analytic ceiling ``U`` on the
 rate — what the KV pool, the batch limit and the step time allow at best
-(:mod:`simulator.capacity.bound`) — so its second probe is usually ``U`` itself, the first
-failure, and bisection starts from a bracket of a factor of two: about 2 + log2(1 / tolerance)
-probes, none of them far above capacity.
+(:mod:`simulator.capacity.bound`); from the first failure (or pass) bisection starts on a
+bracket of a factor of two: about 2 + log2(1 / tolerance) probes. ``U`` leaves out prefill and
+the p99 tails, so it lies 2–10× above the answer on the bundled scenarios and the first probe
+usually fails — within seconds of simulated time, as a probe far above capacity stops early.
+
+**Warm starts.** The points of a sweep that differ only in its last knob (a block size, say) often
+share their threshold, or nearly: ``kvplan capacity`` runs their searches in order as one chain
+(:func:`run_chain`), and each starts at the previous one's bracket ``[lo, hi]`` — ``lo`` first,
+then ``hi`` — instead of at ``U / 2``. When the threshold has not moved, those two probes are the
+answer (a pass and a failure within the tolerance); when it has, the steps away from ``lo`` grow
+(×(hi/lo), then squared each time, up to ×2) until a probe crosses it, and bisection goes on as
+from any bracket. The answer is the same kind of bracket, of the same width, probed on the point
+itself; the start only changes which bracket of that width is found. On ``capacity-chat.yaml``
+(144 searches) this halves the probes and leaves every answer as it was.
 
 **Probes stop early.** A probe whose TTFT, TPOT or E2E p99 bound is already certainly broken —
 more measured requests exceeded it than the 99th percentile allows — stops there
@@ -98,7 +109,7 @@ import math
 import os
 import tempfile
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,8 +125,6 @@ from simulator.capacity.stop import SloStopRule
 from simulator.deployment import Deployment, build_deployment
 from simulator.engine import SimResult, simulate
 from simulator.errors import KvplanError
-from simulator.latency import LatencyModel, quiet_latencies
-from simulator.plan import StepPlan
 from simulator.scenario import SLOSpec, parse_scenario
 from simulator.scheduler import Status
 from workloads.clients import OPEN_LOOP, Clients
@@ -125,6 +134,7 @@ from workloads.synthetic import rescale_to_rate
 
 MAX_DOUBLINGS = 24  # start × 2^24: beyond that the SLO holds "at every rate" (too short a trace)
 MAX_HALVINGS = 16  # start / 2^16: below that the SLO fails "at every rate"
+MAX_STEP = 2  # the largest bracketing factor: doubling or halving (an int: integer loads stay ints)
 # bump when a probe's meaning changes, so old cache files are not reused. 5: probes stop early
 # (stopped_at_s), and TTFT/E2E include the latency model's request_overhead_s. 6: a scenario
 # without `engine:` runs vLLM V1 (it ran V0's policy), and probes route by `router:`
@@ -150,7 +160,8 @@ class Bracket:
 def bracket_and_bisect(holds: Callable[[float], bool], start_rate: float, tolerance: float, *,
                        max_doublings: int = MAX_DOUBLINGS, max_halvings: int = MAX_HALVINGS,
                        integer: bool = False, upper: float | None = None,
-                       fails_everywhere: Callable[[float], bool] | None = None) -> Bracket:
+                       fails_everywhere: Callable[[float], bool] | None = None,
+                       step: float = MAX_STEP) -> Bracket:
     """Find the largest load for which ``holds(load)`` is True, to relative ``tolerance``.
 
     Contract: when a load passes and another fails, the result has ``lo < hi`` and
@@ -161,6 +172,13 @@ def bracket_and_bisect(holds: Callable[[float], bool], start_rate: float, tolera
     ``fails_everywhere(load)``, asked after a load fails while none has passed: True when that
     failure shows every load would fail, which ends the search there (no halving down to
     nothing).
+
+    ``step`` is the first bracketing factor: the second load is ``start × step`` (the start
+    passed) or ``start / step`` (it failed), and each further load in the same direction squares
+    the factor, up to :data:`MAX_STEP` (doubling). The default doubles from the start; a start
+    already close to the threshold (a warm start: :func:`run_chain`) takes a small first step,
+    so that two probes can bracket it within the tolerance. A rate search only (``integer``
+    loads double).
     """
     if not (start_rate > 0 and math.isfinite(start_rate)):
         raise ValueError(f"start_rate must be positive and finite, got {start_rate}")
@@ -170,6 +188,8 @@ def bracket_and_bisect(holds: Callable[[float], bool], start_rate: float, tolera
         raise ValueError(f"an integer search needs whole numbers, got {start_rate} and {upper}")
     if upper is not None and not upper >= start_rate:
         raise ValueError(f"upper {upper} is below the start {start_rate}")
+    if not 1 < step <= MAX_STEP or (integer and step != MAX_STEP):
+        raise ValueError(f"step must be in (1, {MAX_STEP}] ({MAX_STEP} for an integer search), got {step}")
     rates: list[float] = []
 
     def probe(rate: float) -> bool:
@@ -183,17 +203,18 @@ def bracket_and_bisect(holds: Callable[[float], bool], start_rate: float, tolera
         for _ in range(max_doublings):
             if upper is not None and lo >= upper:
                 return Bracket(lo, None, tuple(rates))
-            nxt = lo * 2 if upper is None else min(lo * 2, upper)
+            nxt = lo * step if upper is None else min(lo * step, upper)
             if not probe(nxt):
                 hi = nxt
                 break
             lo = nxt
+            step = min(step * step, MAX_STEP)
         else:
             return Bracket(lo, None, tuple(rates))
     else:
         hi = start_rate
         for _ in range(max_halvings):
-            nxt = hi // 2 if integer else hi / 2
+            nxt = hi // 2 if integer else hi / step
             if nxt < (1 if integer else 0) or nxt == hi:
                 return Bracket(0.0, hi, tuple(rates))
             if fails_everywhere is not None and fails_everywhere(hi):
@@ -202,6 +223,7 @@ def bracket_and_bisect(holds: Callable[[float], bool], start_rate: float, tolera
                 lo = nxt
                 break
             hi = nxt
+            step = min(step * step, MAX_STEP)
         else:
             return Bracket(0.0, hi, tuple(rates))
     width = (lambda low: max(1, math.floor(tolerance * low))) if integer else (lambda low: tolerance * low)
@@ -382,31 +404,6 @@ def served_tok_s(requests: pd.DataFrame, request_overhead_s: float, start_s: flo
     return float(emitted.sum()) / (end_s - start_s)
 
 
-@dataclass(slots=True)
-class _PeakBatch:
-    """Wraps a latency model to see every step's batch: the peak concurrency without step rows."""
-
-    inner: LatencyModel
-    max_batch_size: int = 0
-
-    def step_latency_s(self, plan: StepPlan) -> float:
-        size = plan.batch_size
-        if size > self.max_batch_size:
-            self.max_batch_size = size
-        return self.inner.step_latency_s(plan)
-
-    def quiet_latencies(self, plan: StepPlan, k: int) -> Iterator[float]:
-        """The inner model's durations of a quiet run (its fast path, when it has one); the run's
-        batch is ``plan``'s, already seen by :meth:`step_latency_s`."""
-        return quiet_latencies(self.inner, plan, k)
-
-    @property
-    def request_overhead_s(self) -> float:
-        """The inner model's per-request front-end delay, which the engine reads from the model
-        it is given (part of every TTFT and E2E: :mod:`simulator.metrics`)."""
-        return float(getattr(self.inner, "request_overhead_s", 0.0))
-
-
 def simulate_probe(dep: Deployment, allocator: str, rate_req_s: float | None, seed: int, slo: SLOSpec,
                    requests: list[Request], *, record_steps: bool, clients: Clients = OPEN_LOOP,
                    stop_early: bool = False, macro_steps: bool = True) -> Probe:
@@ -416,26 +413,27 @@ def simulate_probe(dep: Deployment, allocator: str, rate_req_s: float | None, se
     ``stop_early``: stop once a latency bound is certainly broken (module docstring; a rate
     probe only). ``macro_steps`` False: the engine runs every step on its own (the same results,
     slower: the baseline ``benchmarks/capacity.py`` compares with)."""
-    peak = _PeakBatch(dep.latency)
     rule = None
     if stop_early:
         assert rate_req_s is not None, "a closed loop's probes are not stopped early"
         rule = SloStopRule(slo, requests, warmup_requests=clients.warmup_requests,
-                           request_overhead_s=peak.request_overhead_s)
-    # no step rows: the KV figures come from the run's exact totals (simulator.steps.StepTotals)
-    result = simulate(requests, dep.replica_factory(allocator), peak,
+                           request_overhead_s=float(getattr(dep.latency, "request_overhead_s", 0.0)))
+    # no step rows: the KV figures and the peak batch come from the run's exact totals
+    # (simulator.steps.StepTotals), kept over every step, quiet runs included
+    result = simulate(requests, dep.replica_factory(allocator), dep.latency,
                       num_replicas=dep.scenario.num_replicas, clients=clients, record_steps=False,
                       macro_steps=macro_steps, stop_if=rule if rule is not None and rule.active else None,
                       router=dep.scenario.router.config())
     # admissions the KV pool refused, each engine's own count (simulator/scheduler/)
     refusals = sum(rep.scheduler.num_kv_refusals for rep in result.replicas)
+    max_batch = result.totals().max_batch
     if result.stopped is not None:
         assert rate_req_s is not None
-        return stopped_probe(result, rate_req_s, seed, peak.max_batch_size, refusals)
+        return stopped_probe(result, rate_req_s, seed, max_batch, refusals)
     frame = metrics.requests_frame(result)
     s = metrics.summarize(result, frame, None, dep.capacity_tokens)
     return probe_of_run(result, frame, s, rate_req_s, seed, slo, clients, record_steps=record_steps,
-                        capacity_tokens=dep.capacity_tokens, max_batch_size=peak.max_batch_size,
+                        capacity_tokens=dep.capacity_tokens, max_batch_size=max_batch,
                         num_kv_refusals=refusals)
 
 
@@ -750,9 +748,41 @@ def curve_loads(probe_at: Callable[[int], Probe], upper: int, batch_cap: int) ->
     return tuple(points)
 
 
-def run_search(task: SearchTask) -> SearchResult:
+def run_chain(chain: Sequence[SearchTask]) -> list[SearchResult]:
+    """Run ``chain``'s searches in order, each started from the one before (:func:`warm_start`).
+
+    ``kvplan capacity`` chains the searches of sweep points that differ only in the sweep's last
+    knob (same allocator and seed): their thresholds are often equal or close (a block size
+    the pool is not short of changes nothing), and a search that starts at its neighbour's
+    bracket confirms it in two probes — a pass at ``lo`` (the whole trace) and a failure at
+    ``hi`` (stopped early) — where a cold one spends about seven. The answer of each search is
+    its own bracket, probed on its own point; only where it starts depends on the chain."""
+    results: list[SearchResult] = []
+    for task in chain:
+        results.append(run_search(task, results[-1] if results else None))
+    return results
+
+
+def warm_start(after: SearchResult | None) -> tuple[float, float] | None:
+    """``(start, step)`` for :func:`bracket_and_bisect` from the previous search of a chain: its
+    bracket, ``lo`` as the start and ``hi / lo`` (at most ``1 + tolerance``) as the first step,
+    so that the search's first two probes are that bracket. None — start cold, at half the
+    analytic ceiling — without a previous rate search that found a bracket.
+
+    The bracket is not scaled by the two points' ceilings: on ``capacity-chat.yaml`` they are a
+    poor guide to how the answer moves (fp8 KV raises the ceiling of Llama-3.1-8B on an A100 by
+    half and its answer by 2.5%; an H100 in place of the A100 raises the ceiling by 57% and the
+    answer 3.3-fold)."""
+    if after is None or after.search != "rate" or after.lo_rate_req_s <= 0 or after.hi_rate_req_s is None:
+        return None
+    return after.lo_rate_req_s, min(after.hi_rate_req_s / after.lo_rate_req_s, MAX_STEP)
+
+
+def run_search(task: SearchTask, after: SearchResult | None = None) -> SearchResult:
     """Search one (point, allocator, seed); probes come from the cache when present.
 
+    A rate search without ``start_rate_req_s`` starts at half the analytic ceiling or, given
+    ``after`` (the previous search of a chain, :func:`run_chain`), at that search's bracket.
     The deployment is built once (the load changes only the workload). Raises KvplanError for
     bad input; the caller validated the point's deployment before dispatching, so that is rare.
     """
@@ -796,11 +826,13 @@ def run_search(task: SearchTask) -> SearchResult:
     if not by_clients:
         bound = None
         start = task.start_rate_req_s
+        step = MAX_STEP
         if start is None:
             # any rate gives the lengths; a synthetic workload of a duration may draw none at 1 req/s
             sample = workload.at_rate(1.0)
             bound = rate_bound(dep, task.allocator, sample, slo) if sample else None
             start = bound.start_req_s if bound is not None else FALLBACK_START_REQ_S
+            start, step = warm_start(after) or (start, step)
 
         def fails_everywhere(rate: float) -> bool:
             """A probe run to the end that rejected too many requests: so would every rate, when
@@ -810,7 +842,7 @@ def run_search(task: SearchTask) -> SearchResult:
                     and rejects_too_many(slo, num_requests=p.num_requests, rejected=p.rejected))
 
         bracket = bracket_and_bisect(lambda r: probe(r, task.record_steps).ok, start, task.tolerance,
-                                     fails_everywhere=fails_everywhere)
+                                     fails_everywhere=fails_everywhere, step=step)
         probes = tuple(memo[r, task.record_steps] for r in bracket.rates)
         at_max = probe(bracket.lo_rate, True) if bracket.lo_rate > 0 else None
         return SearchResult(task.point_index, task.allocator, task.seed, bracket.lo_rate, bracket.hi_rate,

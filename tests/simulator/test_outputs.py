@@ -411,6 +411,6 @@ def test_capacity_rerun_replaces_points_and_keeps_the_cache(tmp_path: Path) -> N
     assert capacity(*argv, "--sweep", "block_size=16") == 0
     assert names(out / "plots" / "points") == {"000.png"}  # point 001 is not this run's
     assert names(out / "cache") == probes  # the one point's probes all came from the cache
-    assert {"capacity.csv", "capacity.json", "cache", "plots", MARKER} == names(out)
+    assert {"capacity.csv", "capacity.json", "report.html", "cache", "plots", MARKER} == names(out)
     assert names(tmp_path) == {"tiny.yaml", "out"}
 
