@@ -37,6 +37,7 @@ from simulator.kv.contiguous import ContiguousAllocator
 from simulator.kv.expert_parallel import ExpertRouting, ParallelLayout
 from simulator.kv.gpus import GPUSpec, get_gpu
 from simulator.kv.hybrid import HybridPagedAllocator
+from simulator.kv.hybrid_contiguous import HybridContiguousAllocator
 from simulator.kv.models import ModelConfig, load_model
 from simulator.kv.paged import PagedAllocator
 from simulator.kv.quantization import resolve_quantization
@@ -101,6 +102,11 @@ class Deployment:
                                   offload_blocks=int(offload.size_gib * GIB) // (
                                       self.capacity.block_bytes * self.capacity.tp) if offload else 0)
         policy = name.removeprefix("contiguous-")
+        if self.capacity.kv_groups is not None:  # the same block ids, reserved per group
+            return HybridContiguousAllocator(self.num_blocks, self.capacity.kv_groups,
+                                             policy=policy,  # type: ignore[arg-type]
+                                             max_model_len=cfg.max_model_len,
+                                             max_num_batched_tokens=cfg.max_num_batched_tokens)
         return ContiguousAllocator(self.capacity_tokens, policy=policy,  # type: ignore[arg-type]
                                    max_model_len=cfg.max_model_len)
 
@@ -355,12 +361,12 @@ def _spec_knobs(scenario: Scenario) -> dict[str, Any]:
 
 
 def _hybrid_manager(scenario: Scenario) -> bool:
-    """Whether the pool is sized and allocated as vLLM's hybrid KV cache manager does: vLLM V1
-    with the paged allocator only, unless ``disable_hybrid_kv_cache_manager``. Contiguous
-    regions cannot drop a window's old tokens, and V0 and SGLang size every layer as full
-    attention here, so those pools keep every token of every layer."""
-    return (scenario.engine == "vllm-v1" and not scenario.disable_hybrid_kv_cache_manager
-            and all(name == "paged" for name in scenario.allocators))
+    """Whether the pool is sized as vLLM's hybrid KV cache manager sizes it: vLLM V1 unless
+    ``disable_hybrid_kv_cache_manager``. Its paged allocator is the hybrid manager's, its
+    contiguous ones reserve per KV cache group in the same block ids
+    (:class:`~simulator.kv.hybrid_contiguous.HybridContiguousAllocator`); V0 and SGLang size
+    every layer as full attention here, so those pools keep every token of every layer."""
+    return scenario.engine == "vllm-v1" and not scenario.disable_hybrid_kv_cache_manager
 
 
 def _resolve(path: str, base_dir: Path) -> str:

@@ -17,6 +17,7 @@ from simulator.kv.model_config import (
     LINEAR_ATTENTION,
     SLIDING_ATTENTION,
     ModelConfig,
+    nemotron_h_layer_types,
 )
 from simulator.kv.quant_config import CheckpointQuant
 
@@ -189,6 +190,19 @@ _model("Qwen3-Next-80B-A3B", ("Qwen/Qwen3-Next-80B-A3B-Instruct",
        linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
        linear_conv_kernel_dim=4, n_routed_experts=512, num_experts_per_tok=10,
        moe_intermediate_size=512, n_shared_experts=1)
+# Nemotron-H-8B (nvidia/Nemotron-H-8B-Base-8K config.json, as transcribed in NVIDIA
+# Megatron-Bridge's Nemotron-H bridge tests): model_type nemotron_h, hidden 4096, 52 layers,
+# hybrid_override_pattern "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-" (24 Mamba-2, 4
+# attention, 24 MLP-only layers), 32 heads, 8 KV heads, attention_head_dim 128,
+# intermediate_size 21504 (relu2 up/down), mamba_num_heads 128, mamba_head_dim 64 (= expand 2 ×
+# hidden), ssm_state_size 128, n_groups 8, conv_kernel 4, use_conv_bias true, vocab 131072,
+# untied, max_position_embeddings 8192, bfloat16; no mamba_ssm_cache_dtype, so vLLM keeps the SSM
+# state in float32 (vllm/model_executor/models/config.py, NemotronHForCausalLMConfig).
+_model("Nemotron-H-8B", ("nvidia/Nemotron-H-8B-Base-8K",),
+       52, 32, 8, 4096, 21504, 131072, "bfloat16", 8192, model_type="nemotron_h", head_dim=128,
+       layer_types=nemotron_h_layer_types("M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"),
+       mamba_num_heads=128, mamba_head_dim=64, ssm_state_size=128, n_groups=8, conv_kernel=4,
+       use_conv_bias=True, mamba_ssm_cache_dtype="float32")
 # Stack-100M: the seed chapter's capstone model (L=30, H_kv=2, d_h=64, bf16). Its other widths
 # are chosen here to give ~101M parameters: hidden 512 = 8 heads × 64, SwiGLU 1408 = 2.75 × hidden.
 _model("Stack-100M", (), 30, 8, 2, 512, 1408, 32000, "bfloat16", 2048, tie=True)

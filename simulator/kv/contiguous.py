@@ -17,6 +17,9 @@ style). Each sequence reserves one contiguous region at admission, sized by a po
 Regions are placed first-fit in address order; a freed region becomes a hole that coalesces with
 its neighbours. When the head request's reservation fits in no hole although the free total would
 hold it, it is blocked by *external* fragmentation (:attr:`num_external_blocked`).
+
+A hybrid model (sliding-window, chunked-local or linear-attention layers) reserves per KV cache
+group instead: :class:`~simulator.kv.hybrid_contiguous.HybridContiguousAllocator`.
 """
 
 from __future__ import annotations
@@ -140,7 +143,9 @@ class ContiguousAllocator(KVAllocator):
     ) -> bool:
         return self._find_hole(self.reservation(num_tokens, final_tokens)) is not None
 
-    def _place(self, seq_id: int, size: int, num_tokens: int, final_tokens: int) -> bool:
+    def _claim(self, size: int) -> int | None:
+        """Carve a region of ``size`` slots first-fit and return its start, or None (recording
+        why: external fragmentation when the free total would hold it, else no space)."""
         start = self._find_hole(size)
         if start is None:
             if size <= self._free_total:
@@ -148,8 +153,14 @@ class ContiguousAllocator(KVAllocator):
                 self.num_external_blocked += 1
             else:
                 self.last_failure = AllocFailure.NO_SPACE
-            return False
+            return None
         self._carve(start, size)
+        return start
+
+    def _place(self, seq_id: int, size: int, num_tokens: int, final_tokens: int) -> bool:
+        start = self._claim(size)
+        if start is None:
+            return False
         self.regions[seq_id] = (start, size)
         self.num_tokens[seq_id] = num_tokens
         self.final_tokens[seq_id] = final_tokens
@@ -224,6 +235,16 @@ class ContiguousAllocator(KVAllocator):
 
     # ------------------------------------------------------------------ invariants
     def check_invariants(self) -> None:
+        self._check_holes()
+        sum_alloc = sum_useful = 0
+        for q, (_, size) in self.regions.items():
+            assert self.num_tokens[q] <= size, f"seq {q} holds more tokens than its region"
+            sum_alloc += size
+            sum_useful += min(size, self.final_tokens[q])
+        self._check_aggregates(sum_alloc, sum_useful, 0, 0)
+
+    def _check_holes(self) -> None:
+        """Regions and holes tile the pool in address order, holes coalesced, free total exact."""
         starts = self._hole_starts
         assert starts == sorted(starts), "holes out of address order"
         assert set(starts) == set(self._hole_size), "hole index and sizes disagree"
@@ -239,9 +260,3 @@ class ContiguousAllocator(KVAllocator):
             pos, prev_kind = start + size, kind
         assert pos == self.capacity_tokens, "regions and holes do not cover the pool exactly"
         assert self._free_total == sum(self._hole_size.values()), "free total drifted"
-        sum_alloc = sum_useful = 0
-        for q, (_, size) in self.regions.items():
-            assert self.num_tokens[q] <= size, f"seq {q} holds more tokens than its region"
-            sum_alloc += size
-            sum_useful += min(size, self.final_tokens[q])
-        self._check_aggregates(sum_alloc, sum_useful, 0, 0)

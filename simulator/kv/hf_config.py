@@ -3,7 +3,7 @@
 Vocabularies read: Llama, Mistral, Qwen2/Qwen3, OPT, Gemma 2/3 (multimodal configs keep the
 language model under ``text_config``), DeepSeek-V2/V3 (MLA, ``n_routed_experts``), Mixtral and
 gpt-oss (``num_local_experts``), Qwen2/Qwen3-MoE (``num_experts``, ``decoder_sparse_step``,
-``mlp_only_layers``, ``shared_expert_intermediate_size``).
+``mlp_only_layers``, ``shared_expert_intermediate_size``), Qwen3-Next, Nemotron-H.
 
 Sliding-window attention, as transformers derives ``layer_types`` when a config does not list
 them (so kvplan flags exactly the layers the model runs with a window):
@@ -29,6 +29,16 @@ Linear attention (Qwen3-Next, ``model_type`` qwen3_next): ``layer_types`` if giv
 transformers' Qwen3NextConfig rule, ``linear_attention`` unless ``(i + 1) %
 full_attention_interval == 0``; the Gated DeltaNet widths are its ``linear_*`` fields.
 
+Nemotron-H (``model_type`` nemotron_h): ``hybrid_override_pattern`` gives each layer's kind ("M"
+Mamba-2 -> linear_attention, "*" attention -> full_attention, "-" MLP -> mlp_only; the MoE "E"
+of later Nemotron models is refused), the Mamba-2 widths are ``mamba_num_heads``,
+``mamba_head_dim``, ``ssm_state_size``, ``n_groups``, ``conv_kernel``, ``use_conv_bias`` (true when
+absent: transformers' NemotronHConfig defaults ``mamba_conv_bias`` to True), and the attention head
+width is ``attention_head_dim`` when there is no ``head_dim``. The SSM state is kept in the
+config's ``mamba_ssm_cache_dtype``, float32 when absent (vllm/model_executor/models/config.py,
+``NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype``, vLLM main: ``DEFAULT_MAMBA_SSM_
+CACHE_DTYPE = "float32"``; releases before it defaulted to float16).
+
 Two fields are read the way vLLM reads them, since vLLM is what kvplan sizes:
 
 * the dtype: a config without ``torch_dtype`` (or ``dtype``) is float32 to vLLM, and vLLM's
@@ -53,6 +63,7 @@ from simulator.kv.model_config import (
     LINEAR_ATTENTION,
     SLIDING_ATTENTION,
     ModelConfig,
+    nemotron_h_layer_types,
 )
 from simulator.kv.quant_config import parse_quantization_config
 
@@ -72,6 +83,8 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
 _DEFAULT_SLIDING_PATTERN = {"gemma2": 2, "gemma3_text": 6}
 _TIED_BY_DEFAULT = frozenset({"opt", "gemma2", "gemma3_text"})
 _LLAMA4_NO_ROPE_INTERVAL = 4  # transformers Llama4TextConfig no_rope_layer_interval default
+_MAMBA2_FIELDS = ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel")
+_NEMOTRON_H_SSM_CACHE_DTYPE = "float32"  # vLLM's NemotronHForCausalLMConfig default (docstring)
 _LINEAR_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                   "linear_value_head_dim", "linear_conv_kernel_dim")
 # What vLLM serves a float32 (or dtype-less) checkpoint in under --dtype auto: the platform's first
@@ -105,7 +118,8 @@ def model_from_hf_config(raw: dict[str, Any], *, name: str) -> ModelConfig:
     heads = _int(raw, "num_attention_heads")
     hidden = _int(raw, "hidden_size")
     layers = _int(raw, "num_hidden_layers")
-    head_dim = _int(raw, "head_dim") if raw.get("head_dim") is not None else None
+    head_key = "head_dim" if raw.get("head_dim") is not None else "attention_head_dim"
+    head_dim = _int(raw, head_key) if raw.get(head_key) is not None else None
     if head_dim is None:
         if hidden % heads:
             raise KvplanError(f"no head_dim, and hidden_size ({hidden}) is not a multiple of"
@@ -118,8 +132,14 @@ def model_from_hf_config(raw: dict[str, Any], *, name: str) -> ModelConfig:
         mla["q_lora_rank"] = _int(raw, "q_lora_rank") if raw.get("q_lora_rank") else None
     layer_types, window = _attention_layout(raw, model_type, layers)
     chunk = _int(raw, "attention_chunk_size") if CHUNKED_ATTENTION in layer_types else None
-    linear = ({key: _int(raw, key) for key in _LINEAR_FIELDS}
-              if LINEAR_ATTENTION in layer_types else {})
+    linear: dict[str, Any] = {}
+    if LINEAR_ATTENTION in layer_types and model_type == "nemotron_h":
+        linear = {key: _int(raw, key) for key in _MAMBA2_FIELDS}
+        linear["use_conv_bias"] = raw.get("use_conv_bias", True) is True
+        linear["mamba_ssm_cache_dtype"] = str(raw.get("mamba_ssm_cache_dtype")
+                                              or _NEMOTRON_H_SSM_CACHE_DTYPE)
+    elif LINEAR_ATTENTION in layer_types:
+        linear = {key: _int(raw, key) for key in _LINEAR_FIELDS}
     return ModelConfig(
         name=name, num_hidden_layers=layers, num_attention_heads=heads,
         num_key_value_heads=_int(raw, "num_key_value_heads", heads), head_dim=head_dim,
@@ -229,6 +249,12 @@ def _attention_layout(raw: dict[str, Any], model_type: str,
         if not isinstance(flags, list) or len(flags) != layers:
             raise KvplanError(f"field 'no_rope_layers' must list {layers} flags, got {flags!r}")
         return tuple(CHUNKED_ATTENTION if flag else FULL_ATTENTION for flag in flags), None
+    if model_type == "nemotron_h":
+        pattern = raw.get("hybrid_override_pattern")
+        if not isinstance(pattern, str) or len(pattern) != layers:
+            raise KvplanError(f"field 'hybrid_override_pattern' must be a string of {layers}"
+                              f" layer kinds, got {pattern!r}")
+        return nemotron_h_layer_types(pattern), None
     if model_type == "qwen3_next" and raw.get("layer_types") is None:
         interval = _int(raw, "full_attention_interval", 4)
         return tuple(LINEAR_ATTENTION if (i + 1) % interval else FULL_ATTENTION

@@ -30,12 +30,29 @@ Attention kinds: ``layer_types`` (HF's per-layer list) says what each layer keep
   the model's dtype (vllm/model_executor/layers/mamba/mamba_utils.py,
   ``MambaStateShapeCalculator.gated_delta_net_state_shape`` and
   ``MambaStateDtypeCalculator.gated_delta_net_state_dtype``: ``mamba_cache_dtype`` "auto").
+  Nemotron-H's Mamba-2 layers are ``linear_attention`` too: a causal-conv state of
+  ``(conv_kernel − 1) × conv_dim`` (``conv_dim = mamba_num_heads · mamba_head_dim + 2 · n_groups
+  · ssm_state_size``, n_groups extended to the TP size when TP does not divide it) in the model's
+  dtype, and a ``mamba_num_heads × mamba_head_dim × ssm_state_size`` SSM state in
+  ``mamba_ssm_cache_dtype`` (vllm/model_executor/layers/mamba/mamba_utils.py,
+  ``MambaStateShapeCalculator.mamba2_state_shape`` / ``extra_groups_for_head_shards`` and
+  ``MambaStateDtypeCalculator.mamba2_state_dtype``);
+* ``mlp_only``: no token mixer at all, nothing kept per request (Nemotron-H's ``-`` layers).
 
 A Gated DeltaNet layer's weights (vllm/model_executor/models/qwen3_next.py,
 ``Qwen3NextGatedDeltaNet``): ``in_proj_qkvz`` hidden × (2·key_dim + 2·value_dim), ``in_proj_ba``
 hidden × 2·num_v_heads, a depthwise conv of conv_dim × kernel, ``dt_bias`` and ``A_log`` per value
 head, a gated RMSNorm of ``linear_value_head_dim`` and ``out_proj`` value_dim × hidden. Qwen3-Next's
 full-attention layers gate their output (``attn_output_gate``: q_proj is twice as wide).
+
+Nemotron-H (vllm/model_executor/models/nemotron_h.py): every layer is one RMSNorm and one mixer,
+``hybrid_override_pattern[i]`` says which (:func:`nemotron_h_layer_types`): attention (q, k, v, o,
+no biases), a non-gated relu² MLP (``up_proj`` hidden × intermediate, ``down_proj`` back:
+``NemotronHMLP``) or a Mamba-2 mixer (vllm/model_executor/layers/mamba/mamba_mixer2.py,
+``MambaMixer2.__init__``, with I = mamba_num_heads · mamba_head_dim): ``in_proj`` hidden × (2·I +
+2·n_groups·ssm_state_size + mamba_num_heads) (gate, x, B, C, dt), a depthwise ``conv1d`` of
+conv_dim × conv_kernel (+ conv_dim biases with ``use_conv_bias``), ``A``, ``D`` and ``dt_bias`` per
+head, a gated RMSNorm of I (``Mixer2RMSNormGated``) and ``out_proj`` I × hidden; a final ``norm_f``.
 """
 
 from __future__ import annotations
@@ -66,6 +83,7 @@ FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 CHUNKED_ATTENTION = "chunked_attention"
 LINEAR_ATTENTION = "linear_attention"
+MLP_ONLY = "mlp_only"
 # Layer kinds whose per-request KV grows with the sequence (a KV cache of tokens).
 TOKEN_KV_KINDS = frozenset({FULL_ATTENTION, SLIDING_ATTENTION, CHUNKED_ATTENTION})
 
@@ -75,6 +93,22 @@ _QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "gemma3_text", "qwen3_next"})
 _FOUR_NORM_TYPES = frozenset({"gemma2", "gemma3_text"})  # pre/post attention and MLP norms
 _GPT_OSS = "gpt_oss"
 _GATED_ATTENTION_TYPES = frozenset({"qwen3_next"})  # attn_output_gate: q_proj emits q and a gate
+_NEMOTRON_H = "nemotron_h"
+_UNGATED_MLP_TYPES = frozenset({"opt", _NEMOTRON_H})  # fc1/up -> activation -> fc2/down
+# hybrid_override_pattern's characters (vllm/model_executor/models/nemotron_h.py,
+# ALL_DECODER_LAYER_TYPES: "M" Mamba-2, "*" attention, "-" MLP; "E", MoE, is not modelled).
+_NEMOTRON_H_KINDS = {"M": LINEAR_ATTENTION, "*": FULL_ATTENTION, "-": MLP_ONLY}
+
+
+def nemotron_h_layer_types(pattern: str) -> tuple[str, ...]:
+    """Each layer's kind from Nemotron-H's ``hybrid_override_pattern`` (module docstring).
+    A character other than ``M``, ``*`` or ``-`` -> KvplanError."""
+    unknown = sorted(set(pattern) - set(_NEMOTRON_H_KINDS))
+    if unknown:
+        raise KvplanError(f"hybrid_override_pattern has layer kinds kvplan does not model:"
+                          f" {', '.join(map(repr, unknown))} (known: M Mamba-2, * attention,"
+                          " - MLP)")
+    return tuple(_NEMOTRON_H_KINDS[c] for c in pattern)
 
 
 def canonical_dtype(name: str, what: str = "dtype") -> str:
@@ -134,6 +168,15 @@ class ModelConfig:
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
+    # Mamba-2 (linear_attention layers of Nemotron-H): HF's fields, 0 when absent. The SSM
+    # state's dtype: None = torch_dtype (vLLM's mamba_ssm_cache_dtype "auto").
+    mamba_num_heads: int = 0
+    mamba_head_dim: int = 0
+    ssm_state_size: int = 0
+    n_groups: int = 0
+    conv_kernel: int = 0
+    use_conv_bias: bool = False
+    mamba_ssm_cache_dtype: str | None = None
     # MLA (multi-head latent attention)
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
@@ -178,10 +221,15 @@ class ModelConfig:
         if CHUNKED_ATTENTION in self.layer_types:
             _check_positive(self.name, "attention_chunk_size", self.attention_chunk_size)
         if LINEAR_ATTENTION in self.layer_types:
-            for name in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-                         "linear_value_head_dim", "linear_conv_kernel_dim"):
+            fields = (("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups",
+                       "conv_kernel") if self.is_mamba2 else
+                      ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                       "linear_value_head_dim", "linear_conv_kernel_dim"))
+            for name in fields:
                 _check_positive(self.name, name, getattr(self, name))
-        unknown = set(self.layer_types) - TOKEN_KV_KINDS - {LINEAR_ATTENTION}
+        if self.mamba_ssm_cache_dtype is not None:
+            canonical_dtype(self.mamba_ssm_cache_dtype, f"mamba_ssm_cache_dtype of model '{self.name}'")
+        unknown = set(self.layer_types) - TOKEN_KV_KINDS - {LINEAR_ATTENTION, MLP_ONLY}
         if unknown:
             raise KvplanError(f"model '{self.name}': layer_types has kinds kvplan does not model:"
                               f" {', '.join(sorted(unknown))}")
@@ -251,8 +299,20 @@ class ModelConfig:
 
     @property
     def num_kv_layers(self) -> int:
-        """Layers that cache per-token KV (every layer but the linear-attention ones)."""
-        return self.num_hidden_layers - self.num_layers_of(LINEAR_ATTENTION)
+        """Layers that cache per-token KV (every layer but the linear-attention and MLP-only ones)."""
+        return (self.num_hidden_layers - self.num_layers_of(LINEAR_ATTENTION)
+                - self.num_layers_of(MLP_ONLY))
+
+    @property
+    def is_mamba2(self) -> bool:
+        """True when the linear-attention layers are Mamba-2 mixers (Nemotron-H), not Gated DeltaNet."""
+        return self.mamba_num_heads > 0
+
+    @property
+    def gated_mlp(self) -> bool:
+        """True for a SwiGLU/GeGLU MLP (gate, up, down); False for OPT's fc1/fc2 and Nemotron-H's
+        relu² up/down."""
+        return self.model_type not in _UNGATED_MLP_TYPES
 
     @property
     def is_hybrid(self) -> bool:
@@ -269,11 +329,13 @@ class ModelConfig:
         return None
 
     def linear_state_elements(self, tp: int = 1) -> tuple[int, int]:
-        """Gated DeltaNet state of one linear-attention layer on one of ``tp`` ranks, in
-        elements: (conv state, temporal state) as vLLM shapes them (module docstring); (0, 0)
+        """Gated DeltaNet or Mamba-2 state of one linear-attention layer on one of ``tp`` ranks,
+        in elements: (conv state, temporal state) as vLLM shapes them (module docstring); (0, 0)
         for a model without linear-attention layers."""
         if LINEAR_ATTENTION not in self.layer_types:
             return (0, 0)
+        if self.is_mamba2:
+            return self._mamba2_state_elements(tp)
         k_dim, v_dim = self.linear_key_head_dim, self.linear_value_head_dim
         conv_dim = 2 * k_dim * self.linear_num_key_heads + v_dim * self.linear_num_value_heads
         if conv_dim % tp or self.linear_num_value_heads % tp:
@@ -281,6 +343,30 @@ class ModelConfig:
                               f" {self.linear_num_value_heads} linear-attention value heads")
         conv = conv_dim // tp * (self.linear_conv_kernel_dim - 1)
         return conv, self.linear_num_value_heads // tp * k_dim * v_dim
+
+    def _mamba2_state_elements(self, tp: int) -> tuple[int, int]:
+        """``mamba2_state_shape``: n_groups extended to ``tp`` when ``tp`` does not divide it
+        (``extra_groups_for_head_shards``: + tp − n_groups; MambaMixer2 allows that only for
+        n_groups 1), conv state ``conv_dim / tp × (kernel − 1)``, SSM state
+        ``heads / tp × head_dim × state``."""
+        heads, groups = self.mamba_num_heads, self.n_groups
+        if heads % tp or (groups % tp and groups != 1):
+            raise KvplanError(f"model '{self.name}': tensor parallel {tp} does not divide the"
+                              f" {heads} Mamba heads and {groups} groups (vLLM's MambaMixer2"
+                              " requires both, or n_groups 1)")
+        if groups % tp:
+            groups = tp
+        conv_dim = heads * self.mamba_head_dim + 2 * groups * self.ssm_state_size
+        return (conv_dim // tp * (self.conv_kernel - 1),
+                heads // tp * self.mamba_head_dim * self.ssm_state_size)
+
+    def linear_state_bytes(self, tp: int = 1) -> int:
+        """Bytes of one linear-attention layer's state on one of ``tp`` ranks: the conv state
+        in the model's dtype, the temporal (SSM) state in ``mamba_ssm_cache_dtype`` (module
+        docstring; vLLM's ``mamba_cache_dtype`` "auto"); 0 without linear-attention layers."""
+        conv, temporal = self.linear_state_elements(tp)
+        ssm_dtype = self.mamba_ssm_cache_dtype or self.torch_dtype
+        return conv * dtype_bits(self.torch_dtype) // 8 + temporal * dtype_bits(ssm_dtype) // 8
 
     @property
     def attention_note(self) -> str | None:
@@ -297,6 +383,10 @@ class ModelConfig:
             elif kind == CHUNKED_ATTENTION:
                 parts.append(f"{count} of {total} layers are chunked-local"
                              f" {self.attention_chunk_size}")
+            elif kind == MLP_ONLY:
+                parts.append(f"{count} of {total} layers are MLP only (no KV)")
+            elif self.is_mamba2:
+                parts.append(f"{count} of {total} layers are Mamba-2 (a fixed state per request)")
             else:
                 parts.append(f"{count} of {total} layers are linear attention (a fixed state"
                              " per request)")
@@ -333,6 +423,8 @@ class ModelConfig:
         """Every parameter each token runs through except the embedding lookup, the lm_head and
         the routed experts: attention, dense MLPs, shared experts, routers and norms."""
         h = self.hidden_size
+        if self.model_type == _NEMOTRON_H:
+            return self._nemotron_h_body_params()
         norm = 2 * h if self._is_opt else h  # LayerNorm has a bias, RMSNorm does not
         norms = 4 if self.model_type in _FOUR_NORM_TYPES else 2
         per_layer = self._attention_params() + norms * norm
@@ -373,6 +465,10 @@ class ModelConfig:
         """The weight matrices of :attr:`dense_body_params` — attention projections, dense MLPs,
         shared experts — without their biases, the norms or the routers: what a quantized
         checkpoint stores at its quantized width (the routed experts come on top)."""
+        if self.model_type == _NEMOTRON_H:
+            return (self.num_layers_of(FULL_ATTENTION) * self._attention_matrix_params()
+                    + self.num_layers_of(LINEAR_ATTENTION) * self._mamba2_matrix_params()
+                    + self.num_layers_of(MLP_ONLY) * self._dense_mlp_params())
         dense_layers = self.num_hidden_layers - self.num_moe_layers
         mlp = 2 if self._is_opt else 3
         gdn = self.num_layers_of(LINEAR_ATTENTION)
@@ -433,10 +529,33 @@ class ModelConfig:
         return (self._linear_attention_matrix_params() + conv
                 + 2 * self.linear_num_value_heads + self.linear_value_head_dim)
 
+    def _nemotron_h_body_params(self) -> int:
+        """Nemotron-H's layers (module docstring): one RMSNorm and one mixer each, a final norm."""
+        h = self.hidden_size
+        return (self.num_layers_of(FULL_ATTENTION) * self._attention_params()
+                + self.num_layers_of(LINEAR_ATTENTION) * self._mamba2_params()
+                + self.num_layers_of(MLP_ONLY) * self._dense_mlp_params()
+                + self.num_hidden_layers * h + h)
+
+    def _mamba2_matrix_params(self) -> int:
+        """A Mamba-2 mixer's ``in_proj`` and ``out_proj`` (module docstring)."""
+        h, inner = self.hidden_size, self.mamba_num_heads * self.mamba_head_dim
+        in_proj = h * (2 * inner + 2 * self.n_groups * self.ssm_state_size + self.mamba_num_heads)
+        return in_proj + inner * h
+
+    def _mamba2_params(self) -> int:
+        """A Mamba-2 mixer: projections, depthwise conv (and its bias), A, D, dt_bias, gated norm."""
+        inner = self.mamba_num_heads * self.mamba_head_dim
+        conv_dim = inner + 2 * self.n_groups * self.ssm_state_size
+        conv = conv_dim * self.conv_kernel + (conv_dim if self.use_conv_bias else 0)
+        return self._mamba2_matrix_params() + conv + 3 * self.mamba_num_heads + inner
+
     def _dense_mlp_params(self) -> int:
         h, inter = self.hidden_size, self.intermediate_size
         if self._is_opt:
             return 2 * h * inter + inter + h  # fc1, fc2 with biases
+        if not self.gated_mlp:
+            return 2 * h * inter  # Nemotron-H: up, down
         return 3 * h * inter  # SwiGLU: gate, up, down
 
 
@@ -445,5 +564,6 @@ def _check_positive(model: str, field: str, value: Any) -> None:
         raise KvplanError(f"model '{model}': {field} must be a positive integer, got {value!r}")
 
 
-__all__ = ["CHUNKED_ATTENTION", "FULL_ATTENTION", "LINEAR_ATTENTION", "SLIDING_ATTENTION",
-           "TOKEN_KV_KINDS", "ModelConfig", "canonical_dtype", "dtype_bits"]
+__all__ = ["CHUNKED_ATTENTION", "FULL_ATTENTION", "LINEAR_ATTENTION", "MLP_ONLY",
+           "SLIDING_ATTENTION", "TOKEN_KV_KINDS", "ModelConfig", "canonical_dtype", "dtype_bits",
+           "nemotron_h_layer_types"]

@@ -50,7 +50,7 @@ be converted.
   holds at peak, window-capped groups included (vllm/v1/core/kv_cache_utils.py,
   ``get_kv_cache_capacity`` / ``_report_kv_cache_config`` on vLLM main; releases before it
   logged ``num_blocks // num_groups × B``, which understates a sliding-window model's pool).
-* A linear-attention (Gated DeltaNet) layer's state is one page: vLLM raises the attention block
+* A linear-attention (Gated DeltaNet, Mamba-2) layer's state is one page: vLLM raises the attention block
   size to ``16 · ceil(state / (16 · page_per_token))`` so that an attention page holds it, and
   pads the state to that page (vllm/platforms/interface.py, ``_align_hybrid_block_size``;
   16 = FlashAttention's kernel block multiple).
@@ -304,9 +304,7 @@ def sequence_kv_bytes(model: ModelConfig, layout: KVLayout, num_tokens: int) -> 
     chunk = model.attention_chunk_size
     if chunk is not None and num_tokens:
         held += model.num_layers_of(CHUNKED_ATTENTION) * ((num_tokens - 1) % chunk + 1)
-    conv, temporal = model.linear_state_elements(layout.tp)
-    state = model.num_layers_of(LINEAR_ATTENTION) * (conv + temporal) * (
-        dtype_bits(model.torch_dtype) // 8)
+    state = model.num_layers_of(LINEAR_ATTENTION) * model.linear_state_bytes(layout.tp)
     return held * per_layer + state
 
 
@@ -329,8 +327,7 @@ def kv_cache_groups(model: ModelConfig, layout: KVLayout, block_size: int, *,
     per_token_page = layout.kv_width * layout.dtype_bytes
     state = 0
     if linear:
-        conv, temporal = model.linear_state_elements(layout.tp)
-        state = (conv + temporal) * (dtype_bits(model.torch_dtype) // 8)
+        state = model.linear_state_bytes(layout.tp)
         align = max(KERNEL_BLOCK_ALIGNMENT, block_size)
         block_size = max(block_size, align * -(-state // (align * per_token_page)))
     counts = {kind: model.num_layers_of(kind) for kind in
@@ -372,7 +369,7 @@ def activation_bytes(model: ModelConfig, *, tp: int = 1, max_num_batched_tokens:
     act = max(act, 2)  # fp8/int weights still run 16-bit activations
     tokens = max_num_batched_tokens
     residual = 2 * tokens * model.hidden_size * act
-    mlp_width = 2 if model.model_type == "opt" else 3  # fc1 out + activation | gate_up + silu
+    mlp_width = 3 if model.gated_mlp else 2  # gate_up + silu | fc1/up out + activation
     candidates = [tokens * mlp_width * math.ceil(model.intermediate_size / tp) * act]
     if model.is_moe:
         split = tp if moe_tp is None else moe_tp

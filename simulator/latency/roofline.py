@@ -245,6 +245,7 @@ class RooflineLatency:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise KvplanError(f"block size must be a positive integer, got {block_size!r}")
         self.model, self.gpu, self.tp, self.block_size = model, gpu, tp, block_size
+        self._num_moe_layers = model.num_moe_layers  # a walk over the layers: once, not per step
         layout = model_kv_layout(model, kv_cache_dtype, tp)  # validates tp against the heads
         self.kv_cache_dtype = layout.dtype
         self.bytes_per_token = layout.bytes_per_token
@@ -315,11 +316,15 @@ class RooflineLatency:
                 (kind, model.num_layers_of(kind), model.attention_window(kind))
                 for kind in (SLIDING_ATTENTION, CHUNKED_ATTENTION) if model.num_layers_of(kind))
             linear = model.num_layers_of(LINEAR_ATTENTION)
-            conv, temporal = model.linear_state_elements(tp)
-            state_bytes = (conv + temporal) * (dtype_bits(model.torch_dtype) // 8)
-            self._state_rw_bytes_per_seq = 2.0 * linear * state_bytes  # read and write back
+            _, temporal = model.linear_state_elements(tp)
+            # conv state in the model's dtype, SSM state in its cache dtype (float32 for Nemotron-H)
+            self._state_rw_bytes_per_seq = 2.0 * linear * model.linear_state_bytes(tp)  # read + write back
             self._linear_flops_per_token = 4.0 * linear * temporal
-        self._allreduce_calls = 2.0 * layers if tp > 1 else 0.0
+        # one all-reduce per row-parallel output: attention's o_proj and the MLP's down_proj in a
+        # transformer layer; a Nemotron-H layer is one block only — a Mamba-2 mixer, attention or
+        # an MLP (vllm/model_executor/models/nemotron_h.py, NemotronHDecoderLayer)
+        blocks = 1 if model.model_type == "nemotron_h" else 2
+        self._allreduce_calls = float(blocks * layers) if tp > 1 else 0.0
         self._ring_bytes_per_token = 2 * (tp - 1) / tp * model.hidden_size * self._act_bytes
         # The decode fast path's divisors, fixed for the model's life.
         c = self.constants
@@ -511,7 +516,7 @@ class RooflineLatency:
         load = self._rank_load
         if load is None:
             return (self._dense_weight_bytes
-                    + self.model.num_moe_layers * self._experts_touched(tokens) * self._expert_bytes,
+                    + self._num_moe_layers * self._experts_touched(tokens) * self._expert_bytes,
                     self._expert_flops_per_token * tokens, 0.0)
         routed = tokens + (self.parallel.dp - 1) * decode_seqs  # module docstring
         alltoall_s = 0.0
@@ -521,7 +526,7 @@ class RooflineLatency:
         touched = self._touched.get(routed)
         if touched is None:  # a zipf rank's sum is O(E): once per token count
             touched = self._touched[routed] = load.experts_touched(routed)
-        return (self._dense_weight_bytes + self.model.num_moe_layers * touched * self._expert_bytes,
+        return (self._dense_weight_bytes + self._num_moe_layers * touched * self._expert_bytes,
                 self._expert_flops_per_pair * load.busiest_pairs(routed), alltoall_s)
 
     def _experts_touched(self, tokens: int) -> float:
