@@ -31,6 +31,13 @@ Times are recorded per request (send, admission, first token, finish) and per st
 duration, batch, KV breakdown: :mod:`simulator.steps`, every step or per-second bins, with exact
 totals). Nothing here knows how scheduling or allocation work.
 
+Steps without events. A step (or quiet run) that ends strictly before every event in SimPy's
+queue ends with nothing else happening in between, so the replica moves the clock itself and
+carries on (``_Environment.advance_to``) instead of yielding a timeout: the same clock values,
+the same order of everything else (open-loop arrivals are timeouts in the queue, so a step never
+passes one). On one replica most steps go this way; on several, a step usually ends after
+another replica's and waits as before.
+
 Quiet runs (macro-steps). Most steps are alike: between two events the decode batch is the same
 and every context grows by one token. When a step's plan is decode-only (nothing admitted,
 preempted, swapped or copied), the scheduler says how many steps after it are sure to be the
@@ -91,7 +98,6 @@ from dataclasses import dataclass, field
 from bisect import bisect_right
 from heapq import heappush
 import itertools
-from itertools import accumulate
 
 import simpy
 from simpy.events import NORMAL
@@ -127,6 +133,24 @@ class _Environment(simpy.Environment):
         event._value = None
         heappush(self._queue, (when_s, NORMAL, next(self._eid), event))
         return event
+
+    def advance_to(self, when_s: float) -> bool:
+        """Move the clock to ``when_s`` without an event, if no event is due before or at it;
+        False (nothing done) otherwise.
+
+        A step whose end comes strictly before every scheduled event ends with nothing else
+        happening in between, whatever way it is waited out: the replica's process carries on
+        at once instead of yielding a timeout (one heap push, one pop and a generator resume
+        per step). At a tie it must wait: an event already scheduled for that instant runs
+        before the step's end, which one step at a time would create later (SimPy 4 pops its
+        queue by (time, priority, event id): simpy/core.py, Environment.schedule and
+        Environment.step). The event ids SimPy would have spent on the skipped timeouts only
+        order events among themselves."""
+        queue = self._queue
+        if queue and not when_s < queue[0][0]:
+            return False
+        self._now = when_s
+        return True
 
 
 @dataclass(slots=True)
@@ -358,7 +382,7 @@ def simulate(
         sched = rep.scheduler
         now = env.now
         horizon = min(sched.steps_to_next_finish(), MAX_RUN_STEPS)
-        if horizon <= 1:
+        if horizon < MIN_RUN_STEPS:  # the run could not be longer than the horizon
             return 1, None, None
         # How far to time ahead: any length is exact (a run cut short, or ended early, is just
         # more runs), so guess where a request will likely arrive here: the next arrival with
@@ -368,19 +392,22 @@ def simulate(
         until_s = requests[ahead].arrival_s if not gated and ahead < n else math.inf
         durations = [dt]
         t = now + dt
+        starts = [now, t]  # the clock, add by add
         if t < until_s:
-            timed = quiet_latencies(latency, plan, horizon)
-            for dt_j in timed:
+            for dt_j in quiet_latencies(latency, plan, horizon):
                 durations.append(dt_j)
                 t = t + dt_j
+                starts.append(t)
                 if not t < until_s:
                     break
         horizon = len(durations)
+        if horizon < MIN_RUN_STEPS:  # a request likely arrives first: not worth asking
+            return 1, None, None
         k = sched.quiet_run(plan, horizon)
         if k < MIN_RUN_STEPS:  # not worth a run this short (its own cost is a few steps)
             return 1, None, None
-        del durations[k:]
-        return k, durations, list(accumulate(durations, initial=now))  # the clock, add by add
+        del durations[k:], starts[k + 1:]
+        return k, durations, starts
 
     def cut(rep: Replica, k: int) -> int:
         """The steps of the run that happen before the requests held back: the run ends at the
@@ -422,6 +449,10 @@ def simulate(
         starts, as one step at a time would create it (so SimPy orders it the same way)."""
         starts = rep.run_starts
         assert starts is not None
+        if env.advance_to(starts[k]):  # nothing can happen before the run's end: no send to cut it
+            rep.last_stamp = next(stamps)  # its last step's end, as made when that step starts
+            rep.last_step = k
+            return k
         event = env.timeout_at(starts[k - 1])
         last = False  # waiting for the last step's end
         rep.last_stamp = -1  # the sequence number of the last step's end event, once created
@@ -449,26 +480,27 @@ def simulate(
     def step_loop(rep: Replica):
         sched, alloc = rep.scheduler, rep.allocator
         while True:
-            if not sched.has_work and rep.late:
+            if not sched.has_work:
+                if not rep.late:
+                    rep.wake = env.event()
+                    yield rep.wake
+                    continue
                 for g in rep.late:  # nothing to schedule before them: they are queued at once
                     sched.enqueue(g)
                 rep.late.clear()
-            if not sched.has_work:
-                rep.wake = env.event()
-                yield rep.wake
-                continue
             plan = sched.schedule()
             now = env.now
             for g in sched.newly_admitted:
                 if admitted_at[g.index] < 0:
                     admitted_at[g.index] = now
+            empty = plan.is_empty
             if rep.late:  # held back by the last run, sent after its last step began
                 for g in rep.late:
                     sched.enqueue(g)
                 rep.late.clear()
-                if plan.is_empty:  # their send would have woken this replica at this instant
+                if empty:  # their send would have woken this replica at this instant
                     continue
-            if plan.is_empty:
+            if empty:
                 if nothing_more_to_send():
                     raise RuntimeError(
                         f"replica {rep.index} cannot schedule anything but has work left "
@@ -483,7 +515,8 @@ def simulate(
                 k, durations, rep.run_starts = quiet_run(rep, plan, dt)
             if k == 1:
                 step_stamp = (now, next(stamps))
-                yield env.timeout(dt)
+                if not env.advance_to(now + dt):  # now + dt: the clock a timeout would reach
+                    yield env.timeout(dt)
                 outcome = sched.complete(plan)
                 log.step(rep.index, plan, now, dt, sched, alloc)  # the state the step left
             else:
@@ -503,7 +536,7 @@ def simulate(
                             rep.late.append(g)
                     rep.held.clear()
                 rep.run_starts = None
-                outcome = _advance(rep, plan, k, now, durations[:k], waiting, head)
+                outcome = _advance(rep, plan, k, starts, durations[:k], waiting, head)
             end = env.now
             if outcome.first_token or outcome.finished:
                 first = [g.index for g in outcome.first_token]
@@ -526,9 +559,10 @@ def simulate(
                     release(len(finished))
                     send_due()
 
-    def _advance(rep: Replica, plan, k: int, start: float, durations, waiting: int, head):  # type: ignore[no-untyped-def]
-        """Complete a quiet run of ``k`` steps and record its steps as the engine would have,
-        from the KV state at each change of the allocator (:meth:`StepLog.quiet_run`)."""
+    def _advance(rep: Replica, plan, k: int, starts: list[float], durations, waiting: int, head):  # type: ignore[no-untyped-def]
+        """Complete a quiet run of ``k`` steps (starting at ``starts[0 .. k-1]``) and record its
+        steps as the engine would have, from the KV state at each change of the allocator
+        (:meth:`StepLog.quiet_run`)."""
         sched, alloc = rep.scheduler, rep.allocator
         running = sched.num_running_seqs
         segments: list[tuple[int, int, int, tuple]] = []
@@ -543,7 +577,7 @@ def simulate(
             segments.append((j, running, waiting, alloc.snapshot_parts(written, head)))
 
         outcome = sched.advance_quiet(plan, k, record)
-        log.quiet_run(rep.index, plan.step_id, start, durations, plan.num_decode_seqs, segments)
+        log.quiet_run(rep.index, plan.step_id, starts, durations, plan.num_decode_seqs, segments)
         return outcome
 
     def refreshes():

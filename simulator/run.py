@@ -224,9 +224,9 @@ def write_outputs(out_dir: Path, scenario: Scenario, dep: Deployment, runs: list
     if deployments is not None and len(deployments) > 1:
         meta["deployments"] = {e: d.describe() for e, d in deployments.items()}
     report.write_json(out_dir / "run.json", meta)
-    report.write_rows_csv(out_dir / "requests.csv", ("allocator", *metrics.REQUEST_COLUMNS), (
-        (r.name, *row) for r in runs
-        for row in zip(*(r.request_columns[c] for c in metrics.REQUEST_COLUMNS))))
+    report.write_columns_csv(out_dir / "requests.csv", ("allocator", *metrics.REQUEST_COLUMNS), (
+        [[r.name] * len(r.result.requests), *(r.request_columns[c] for c in metrics.REQUEST_COLUMNS)]
+        for r in runs))
     report.write_rows_csv(out_dir / "steps.csv", ("allocator", *STEP_COLUMNS), (
         (r.name, *row) for r in runs for row in r.result.steps))
     if plots:

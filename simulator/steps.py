@@ -86,12 +86,17 @@ class StepTotals:
         self.batch_s += batch * duration_s
         if batch > self.max_batch:
             self.max_batch = batch
-        kv = self.kv_s
-        for i in range(6):
-            kv[i] += parts[i] * duration_s
-        if parts[0] > self.peak_token_state:
-            self.peak_token_state = parts[0]
-        used = parts[0] + parts[1] + parts[2]
+        ts, res, internal, ext, free, saved = parts
+        kv = self.kv_s  # one step's terms, added one by one (unrolled: once per engine step)
+        kv[0] += ts * duration_s
+        kv[1] += res * duration_s
+        kv[2] += internal * duration_s
+        kv[3] += ext * duration_s
+        kv[4] += free * duration_s
+        kv[5] += saved * duration_s
+        if ts > self.peak_token_state:
+            self.peak_token_state = ts
+        used = ts + res + internal
         if used > self.peak_used:
             self.peak_used = used
 
@@ -139,18 +144,21 @@ class StepLog:
              sched: Scheduler, alloc: KVAllocator) -> None:
         """Record a step the engine ran (after ``sched.complete(plan)``)."""
         parts = alloc.snapshot_parts(sched.written_tokens(), sched.head())
-        self.totals.add(duration_s, len(plan.prefills) + plan.num_decode_seqs, parts)
-        if self.mode is not None:
-            row = _row(replica, plan, start_s, duration_s, sched, parts)
-            if self.mode == "full":
-                self._rows.append(row)
-            else:
-                self._bin_add(replica, *row[1:10], parts)
+        prefills = plan.prefills
+        self.totals.add(duration_s, len(prefills) + plan.num_decode_seqs, parts)
+        if self.mode == "bins":  # the row's fields straight into the bin, no row built
+            self._bin_add(replica, plan.step_id, start_s, duration_s, len(prefills),
+                          plan.num_prefill_tokens if prefills else 0, plan.num_decode_seqs,
+                          sched.num_running_seqs, len(sched.waiting) + len(sched.swapped),
+                          len(plan.preempted), parts)
+        elif self.mode == "full":
+            self._rows.append(_row(replica, plan, start_s, duration_s, sched, parts))
 
-    def quiet_run(self, replica: int, step_id: int, start_s: float, durations: list[float],
+    def quiet_run(self, replica: int, step_id: int, starts: list[float], durations: list[float],
                   num_decode: int, segments: list[tuple[int, int, int, tuple]]) -> None:
-        """Record the steps of a quiet run (decode-only, the same batch; step ``i`` starts when
-        step ``i - 1`` ends, the first at ``start_s``, and lasts ``durations[i]``).
+        """Record the steps of a quiet run (decode-only, the same batch; step ``i`` starts at
+        ``starts[i]``, when step ``i - 1`` ends, and lasts ``durations[i]``; ``starts`` may run
+        on past the run).
 
         ``segments`` are ``(first step, running sequences, waiting requests, KV parts after that
         step)`` in step order: over a segment the allocator does not change, so step ``i`` of a
@@ -162,16 +170,16 @@ class StepLog:
         per segment in closed form from prefix sums (equal to the per-step sums up to rounding).
         """
         m = len(durations)
-        ends = [b for b, *_ in segments[1:]]
+        ends = [seg[0] for seg in segments[1:]]  # segment i ends where segment i + 1 begins
         ends.append(m)
         full = self.mode == "full"
         if not full:
-            for (a, _, _, parts), b in zip(segments, ends):
-                if parts[1] < num_decode * (b - a - 1):  # reserved slots would run out: no closed form
+            for seg, b in zip(segments, ends):
+                if seg[3][1] < num_decode * (b - seg[0] - 1):  # reserved runs out: no closed form
                     full = True
                     break
         if full:
-            self._quiet_steps(replica, step_id, start_s, durations, num_decode, segments, ends)
+            self._quiet_steps(replica, step_id, starts, durations, num_decode, segments, ends)
             return
         totals = self.totals
         if totals.max_batch < num_decode:
@@ -181,33 +189,34 @@ class StepLog:
         cum_i = list(accumulate(map(mul, range(m), durations), initial=0.0))  # Σ i × dt before i
         split = self.mode == "bins"
         if split:
-            starts = list(accumulate(durations, initial=start_s))  # the engine's clock, add by add
             bin_s = self.bin_s
-            index = int(start_s // bin_s)
+            index = int(starts[0] // bin_s)
             split = not starts[m - 1] < (index + 1) * bin_s  # the run's steps start in two bins
         peak = used = 0
         if not split:  # one bin (or none): add the segments up, then record them once
-            sums = [0.0] * 8  # Σ dt × (six KV parts, running, waiting)
+            # Σ dt × (six KV parts, running, waiting), in locals: one segment per growth step
+            s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
             for (a, running, waiting, (ts, res, internal, ext, free, saved)), b in zip(segments, ends):
                 busy = cum[b] - cum[a]
                 grow = num_decode * ((cum_i[b] - cum_i[a]) - a * busy)
-                sums[0] += ts * busy + grow
-                sums[1] += res * busy - grow
-                sums[2] += internal * busy
-                sums[3] += ext * busy
-                sums[4] += free * busy
-                sums[5] += saved * busy
-                sums[6] += running * busy
-                sums[7] += waiting * busy
+                s0 += ts * busy + grow
+                s1 += res * busy - grow
+                s2 += internal * busy
+                s3 += ext * busy
+                s4 += free * busy
+                s5 += saved * busy
+                s6 += running * busy
+                s7 += waiting * busy
                 top = ts + num_decode * (b - 1 - a)  # token state peaks at a segment's last step
                 if top > peak:
                     peak = top
                 if ts + res + internal > used:  # allocated: the same all through a segment
                     used = ts + res + internal
-            busy = cum[m]
-            self._add_sums(replica, index if self.mode == "bins" else -1, step_id, m, busy,
-                           num_decode, sums)
-        else:
+            self._add_sums(replica, index if self.mode == "bins" else -1, step_id, m, cum[m],
+                           num_decode, [s0, s1, s2, s3, s4, s5, s6, s7])
+        else:  # each segment's steps per bin: _add_sums, written out (a segment can be one step)
+            kv = totals.kv_s
+            acc = self._bins.get(replica)
             for (a0, running, waiting, parts), b in zip(segments, ends):
                 ts, res, internal, ext, free, saved = parts
                 top = ts + num_decode * (b - 1 - a0)
@@ -222,9 +231,29 @@ class StepLog:
                         bisect_left(starts, (index + 1) * bin_s, a + 1, b)
                     busy = cum[c] - cum[a]
                     grow = num_decode * ((cum_i[c] - cum_i[a]) - a0 * busy)
-                    self._add_sums(replica, index, step_id + a, c - a, busy, num_decode, [
-                        ts * busy + grow, res * busy - grow, internal * busy, ext * busy,
-                        free * busy, saved * busy, running * busy, waiting * busy])
+                    k0, k1 = ts * busy + grow, res * busy - grow
+                    k2, k3, k4, k5 = internal * busy, ext * busy, free * busy, saved * busy
+                    totals.busy_s += busy
+                    totals.batch_s += num_decode * busy
+                    kv[0] += k0
+                    kv[1] += k1
+                    kv[2] += k2
+                    kv[3] += k3
+                    kv[4] += k4
+                    kv[5] += k5
+                    if acc is None or acc[0] != index:
+                        acc = self._open_bin(replica, index, step_id + a)
+                    acc[2] += c - a
+                    acc[3] += busy
+                    acc[6] += num_decode * (c - a)
+                    acc[8] += running * busy
+                    acc[9] += waiting * busy
+                    acc[10] += k0
+                    acc[11] += k1
+                    acc[12] += k2
+                    acc[13] += k3
+                    acc[14] += k4
+                    acc[15] += k5
                     a = c
         if totals.peak_token_state < peak:
             totals.peak_token_state = peak
@@ -252,12 +281,11 @@ class StepLog:
             for p in range(6):
                 acc[10 + p] += sums[p]
 
-    def _quiet_steps(self, replica: int, step_id: int, start_s: float, durations: list[float],
+    def _quiet_steps(self, replica: int, step_id: int, starts: list[float], durations: list[float],
                      num_decode: int, segments: list[tuple[int, int, int, tuple]],
                      ends: list[int]) -> None:
         """:meth:`quiet_run` step by step: the full rows, or any run whose reserved slots run out
         within a segment (the snapshot's floor at 0 makes the parts non-linear there)."""
-        t = start_s
         for (a, running, waiting, parts), b in zip(segments, ends):
             ts, res, internal, ext, free, saved = parts
             allocated = ts + res + internal
@@ -270,18 +298,20 @@ class StepLog:
                 row_parts = (ts_i, res_i, allocated - ts_i - res_i, ext, free, saved)
                 self.totals.add(dt, num_decode, row_parts)
                 if self.mode == "full":
-                    self._rows.append((replica, step_id + i, t, dt, 0, 0, num_decode, running,
-                                       waiting, 0) + row_parts + (1,))
+                    self._rows.append((replica, step_id + i, starts[i], dt, 0, 0, num_decode,
+                                       running, waiting, 0) + row_parts + (1,))
                 elif self.mode == "bins":
-                    self._bin_add(replica, step_id + i, t, dt, 0, 0, num_decode, running,
+                    self._bin_add(replica, step_id + i, starts[i], dt, 0, 0, num_decode, running,
                                   waiting, 0, row_parts)
-                t = t + dt
 
     # -- bins ----------------------------------------------------------------------------------
     def _bin_add(self, replica: int, step_id: int, start_s: float, dt: float, prefill_seqs: int,
                  prefill_tokens: int, decode_seqs: int, running: int, waiting: int, preempted: int,
                  parts: tuple) -> None:
-        acc = self._open_bin(replica, int(start_s // self.bin_s), step_id)
+        index = int(start_s // self.bin_s)
+        acc = self._bins.get(replica)
+        if acc is None or acc[0] != index:
+            acc = self._open_bin(replica, index, step_id)
         acc[2] += 1
         acc[3] += dt
         acc[4] += prefill_seqs
@@ -290,8 +320,13 @@ class StepLog:
         acc[7] += preempted
         acc[8] += running * dt
         acc[9] += waiting * dt
-        for i in range(6):
-            acc[10 + i] += parts[i] * dt
+        ts, res, internal, ext, free, saved = parts  # unrolled: once per engine step
+        acc[10] += ts * dt
+        acc[11] += res * dt
+        acc[12] += internal * dt
+        acc[13] += ext * dt
+        acc[14] += free * dt
+        acc[15] += saved * dt
 
     def _open_bin(self, replica: int, index: int, step_id: int) -> list[Any]:
         """The replica's accumulators for bin ``index`` (closing its previous bin)."""

@@ -588,38 +588,39 @@ class Scheduler:
         if record is not None and k > 1:
             record(0, written + n)
         alloc = self.alloc
-        append, until = alloc.append, alloc.tokens_until_append
+        append, until, pop = alloc.append, alloc.tokens_until_append, events.pop
         decoding = Status.DECODING
-        for j in range(1, k):  # step j's schedule(): the growths due at its counter
-            d = d0 + j
-            pending = events.pop(d, None)
-            if pending:
-                grew = False
-                for kind, g, epoch, token in pending:
-                    if g.epoch != epoch or g.status is not decoding or token != g.grow_token:
-                        continue
-                    grew = True
-                    seqs = g.seq_ids
-                    if len(seqs) > 1:
-                        self._grow(g, d)
-                        continue
-                    # _grow's single-sequence path, inlined (a quiet run's growth cannot fail)
-                    s = seqs[0]
-                    length = g.anchor_len + d - g.anchor_counter
-                    r = append(s, length + 1)
-                    if r is None or r.copies:
-                        raise AssertionError("a quiet run's growth failed or copied")
-                    g.grow_token += 1
-                    due = d + until(s, length)
-                    if due < g.anchor_counter + g.final_tokens - g.anchor_len:
-                        later = events.get(due)
-                        if later is None:
-                            events[due] = [(_GROW, g, g.epoch, g.grow_token)]
-                        else:
-                            later.append((_GROW, g, g.epoch, g.grow_token))
-                assert not self._preempted and not self._copies, "a quiet run's growth failed"
-                if grew and record is not None and j < k - 1:
-                    record(j, written + n * (j + 1))
+        last = d0 + k - 1
+        for d in range(d0 + 1, last + 1):  # step d - d0's schedule(): the growths due at counter d
+            pending = pop(d, None)
+            if pending is None:
+                continue
+            grew = False
+            for kind, g, epoch, token in pending:
+                if g.epoch != epoch or g.status is not decoding or token != g.grow_token:
+                    continue
+                grew = True
+                seqs = g.seq_ids
+                if len(seqs) > 1:
+                    self._grow(g, d)
+                    continue
+                # _grow's single-sequence path, inlined (a quiet run's growth cannot fail)
+                s = seqs[0]
+                base = g.anchor_counter - g.anchor_len  # the counter at which the KV length is 0
+                r = append(s, d - base + 1)
+                if r is None or r.copies:
+                    raise AssertionError("a quiet run's growth failed or copied")
+                token = g.grow_token = token + 1
+                due = d + until(s, d - base)
+                if due < base + g.final_tokens:
+                    later = events.get(due)
+                    if later is None:
+                        events[due] = [(_GROW, g, epoch, token)]
+                    else:
+                        later.append((_GROW, g, epoch, token))
+            assert not self._preempted and not self._copies, "a quiet run's growth failed"
+            if grew and record is not None and d < last:
+                record(d - d0, written + n * (d - d0 + 1))
         m = k - 1  # steps 0 .. k-2 completed in closed form, step k-1 by complete()
         self.step_id += m
         self._s2 += m * (2 * s1 + n) + n * m * (m - 1)
