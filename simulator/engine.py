@@ -577,7 +577,8 @@ def simulate(
             segments.append((j, running, waiting, alloc.snapshot_parts(written, head)))
 
         outcome = sched.advance_quiet(plan, k, record)
-        log.quiet_run(rep.index, plan.step_id, starts, durations, plan.num_decode_seqs, segments)
+        log.quiet_run(rep.index, plan.step_id, starts, durations, plan.num_decode_seqs, segments,
+                      plan.num_decode_seqs * alloc.slots_per_token)
         return outcome
 
     def refreshes():

@@ -155,7 +155,8 @@ class StepLog:
             self._rows.append(_row(replica, plan, start_s, duration_s, sched, parts))
 
     def quiet_run(self, replica: int, step_id: int, starts: list[float], durations: list[float],
-                  num_decode: int, segments: list[tuple[int, int, int, tuple]]) -> None:
+                  num_decode: int, segments: list[tuple[int, int, int, tuple]],
+                  kv_per_step: int | None = None) -> None:
         """Record the steps of a quiet run (decode-only, the same batch; step ``i`` starts at
         ``starts[i]``, when step ``i - 1`` ends, and lasts ``durations[i]``; ``starts`` may run
         on past the run).
@@ -163,23 +164,27 @@ class StepLog:
         ``segments`` are ``(first step, running sequences, waiting requests, KV parts after that
         step)`` in step order: over a segment the allocator does not change, so step ``i`` of a
         segment starting at ``a`` leaves the segment's parts with ``num_decode × (i − a)`` more
-        tokens written — token state that much higher, reserved that much lower (never below
-        0), internal fragmentation what is left of the allocated slots.
+        tokens written — token state ``kv_per_step × (i − a)`` higher, reserved that much lower
+        (never below 0), internal fragmentation what is left of the allocated slots.
+        ``kv_per_step``: the token-state slots one step's tokens fill, ``num_decode`` (the
+        default) but for a hybrid pool, where each token fills a slot in every token group
+        (:attr:`~simulator.kv.allocator.KVAllocator.slots_per_token`).
 
         Full rows are exactly the per-step snapshots; totals and bins are the same sums, taken
         per segment in closed form from prefix sums (equal to the per-step sums up to rounding).
         """
         m = len(durations)
+        g = num_decode if kv_per_step is None else kv_per_step
         ends = [seg[0] for seg in segments[1:]]  # segment i ends where segment i + 1 begins
         ends.append(m)
         full = self.mode == "full"
         if not full:
             for seg, b in zip(segments, ends):
-                if seg[3][1] < num_decode * (b - seg[0] - 1):  # reserved runs out: no closed form
+                if seg[3][1] < g * (b - seg[0] - 1):  # reserved runs out: no closed form
                     full = True
                     break
         if full:
-            self._quiet_steps(replica, step_id, starts, durations, num_decode, segments, ends)
+            self._quiet_steps(replica, step_id, starts, durations, num_decode, segments, ends, g)
             return
         totals = self.totals
         if totals.max_batch < num_decode:
@@ -198,7 +203,7 @@ class StepLog:
             s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
             for (a, running, waiting, (ts, res, internal, ext, free, saved)), b in zip(segments, ends):
                 busy = cum[b] - cum[a]
-                grow = num_decode * ((cum_i[b] - cum_i[a]) - a * busy)
+                grow = g * ((cum_i[b] - cum_i[a]) - a * busy)
                 s0 += ts * busy + grow
                 s1 += res * busy - grow
                 s2 += internal * busy
@@ -207,7 +212,7 @@ class StepLog:
                 s5 += saved * busy
                 s6 += running * busy
                 s7 += waiting * busy
-                top = ts + num_decode * (b - 1 - a)  # token state peaks at a segment's last step
+                top = ts + g * (b - 1 - a)  # token state peaks at a segment's last step
                 if top > peak:
                     peak = top
                 if ts + res + internal > used:  # allocated: the same all through a segment
@@ -219,7 +224,7 @@ class StepLog:
             acc = self._bins.get(replica)
             for (a0, running, waiting, parts), b in zip(segments, ends):
                 ts, res, internal, ext, free, saved = parts
-                top = ts + num_decode * (b - 1 - a0)
+                top = ts + g * (b - 1 - a0)
                 if top > peak:
                     peak = top
                 if ts + res + internal > used:
@@ -230,7 +235,7 @@ class StepLog:
                     c = b if starts[b - 1] < (index + 1) * bin_s else \
                         bisect_left(starts, (index + 1) * bin_s, a + 1, b)
                     busy = cum[c] - cum[a]
-                    grow = num_decode * ((cum_i[c] - cum_i[a]) - a0 * busy)
+                    grow = g * ((cum_i[c] - cum_i[a]) - a0 * busy)
                     k0, k1 = ts * busy + grow, res * busy - grow
                     k2, k3, k4, k5 = internal * busy, ext * busy, free * busy, saved * busy
                     totals.busy_s += busy
@@ -283,7 +288,7 @@ class StepLog:
 
     def _quiet_steps(self, replica: int, step_id: int, starts: list[float], durations: list[float],
                      num_decode: int, segments: list[tuple[int, int, int, tuple]],
-                     ends: list[int]) -> None:
+                     ends: list[int], g: int) -> None:
         """:meth:`quiet_run` step by step: the full rows, or any run whose reserved slots run out
         within a segment (the snapshot's floor at 0 makes the parts non-linear there)."""
         for (a, running, waiting, parts), b in zip(segments, ends):
@@ -291,8 +296,8 @@ class StepLog:
             allocated = ts + res + internal
             for i in range(a, b):
                 dt = durations[i]
-                ts_i = ts + num_decode * (i - a)
-                res_i = res - num_decode * (i - a)
+                ts_i = ts + g * (i - a)
+                res_i = res - g * (i - a)
                 if res_i < 0:
                     res_i = 0
                 row_parts = (ts_i, res_i, allocated - ts_i - res_i, ext, free, saved)

@@ -120,6 +120,9 @@ class KVAllocator(ABC):
     capacity_tokens: int
     cache_generation: int  # see the class docstring; 0 forever without a prefix cache
     forks_share_memory: bool = False  # fork shares KV (paged) or copies it into a new region
+    # token-state slots one written token fills: 1, or a hybrid pool's token groups (each token
+    # has a slot in every group); the engine's quiet runs grow the token state by this per token
+    slots_per_token: int = 1
 
     def __init__(self) -> None:
         self.num_tokens: dict[int, int] = {}  # seq_id -> tokens declared (grow-before-write)

@@ -91,6 +91,7 @@ class HybridPagedAllocator(KVAllocator):
         self._token_groups = tuple((g.kind, g.window) for g in layout.groups
                                    if g.kind != LINEAR_ATTENTION)
         self._num_linear = len(layout.groups) - len(self._token_groups)
+        self.slots_per_token = len(self._token_groups)  # token_state = groups × written − ...
         self.enable_prefix_caching = enable_prefix_caching and not self._num_linear
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         # seq -> per token group: [first live block index, live block ids...]

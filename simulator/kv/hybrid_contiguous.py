@@ -68,6 +68,7 @@ class HybridContiguousAllocator(ContiguousAllocator):
         self.block_size = bs
         token_groups = [g for g in layout.groups if g.kind != LINEAR_ATTENTION]
         self._num_token_groups = len(token_groups)
+        self.slots_per_token = len(token_groups)  # each token has a slot in every token group
         self._linear_slots = (len(layout.groups) - len(token_groups)) * bs
         # per token group, the most tokens its live blocks span (at least max_model_len if full)
         self._spans = tuple(bs * g.max_blocks(max_model_len, max_num_batched_tokens, bs)

@@ -50,6 +50,13 @@ CASES = [
     ("engines-prefix.yaml", {"workload.num_requests": 60, "engine": "vllm-v1"}),
     ("engines-prefix.yaml", {"workload.num_requests": 60, "engine": "sglang"}),
     ("shared-prefix.yaml", {"workload.num_requests": 300, "engine": "sglang", "allocators": "[paged]"}),
+    # hybrid models (the hybrid manager's groups): paged and contiguous, with prefix caching
+    ("hybrid-long-context.yaml", {"workload.num_requests": 40}),
+    ("hybrid-long-context.yaml", {"workload.num_requests": 40, "allocators": "[contiguous-max]"}),
+    ("shared-prefix.yaml", {"workload.num_requests": 300, "model": "gpt-oss-20b", "allocators": "[paged]",
+                            "enable_prefix_caching": "true"}),
+    ("shared-prefix.yaml", {"workload.num_requests": 200, "model": "gemma-3-12b", "gpu": "h100-80gb", "allocators": "[paged]",
+                            "enable_prefix_caching": "true", "workload.arrival.rate": 12}),
 ]
 
 
