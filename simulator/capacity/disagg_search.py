@@ -98,14 +98,22 @@ def scenario_at_scale(data: dict[str, Any], ratio: tuple[int, int], scale: int) 
 
 
 def layout_label(ratio: tuple[int, int] | None, replicas: int | None, tp: int, *,
-                 prefill_tp: int | None = None, decode_tp: int | None = None) -> str:
-    """``agg TP2 ×3`` (3 replicas of TP 2) or ``disagg P2×TP2 : D3×TP4`` (``replicas``: the
-    scale of the ratio); ``×?`` when no count held."""
+                 prefill_tp: int | None = None, decode_tp: int | None = None, dp: int = 1,
+                 expert_parallel: bool = False) -> str:
+    """``agg TP2 ×3`` (3 replicas of TP 2; ``agg DP8×TP1 EP ×1`` for a replica of 8 data-parallel
+    engines with expert parallelism) or ``disagg P2×TP2 : D3×TP4`` (``replicas``: the scale of the
+    ratio); ``×?`` when no count held."""
     if ratio is None:
-        return f"agg TP{tp} ×{replicas if replicas is not None else '?'}"
+        return f"{aggregated_kind(tp, dp, expert_parallel)} ×{replicas if replicas is not None else '?'}"
     if replicas is None:
         return f"disagg {ratio[0]}:{ratio[1]} P×TP{prefill_tp} : D×TP{decode_tp} ×?"
     return f"disagg P{ratio[0] * replicas}×TP{prefill_tp} : D{ratio[1] * replicas}×TP{decode_tp}"
+
+
+def aggregated_kind(tp: int, dp: int = 1, expert_parallel: bool = False) -> str:
+    """``agg TP2``, or ``agg DP8×TP1 EP`` for data-parallel engines (with expert parallelism)."""
+    engines = f"DP{dp}×TP{tp}" if dp > 1 else f"TP{tp}"
+    return f"agg {engines}" + (" EP" if expert_parallel else "")
 
 
 def pools_bound(prefill: Deployment, decode: Deployment, requests: list[Request],

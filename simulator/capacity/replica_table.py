@@ -5,7 +5,7 @@ A row folds one (point, allocator, target rate)'s per-seed replica searches
 
     replicas   the most any seed needed: the count that held every seed's traffic
     range      [fewest any seed needed, most any seed needed] (counts are exact: no tolerance)
-    GPUs       replicas × tensor_parallel
+    GPUs       replicas × tensor_parallel (× data_parallel_size)
     $/h        price per GPU-hour × GPUs
     $/M tok    $/h / (3600 × output tok/s) × 10⁶, the output tok/s at the target (mean over seeds)
     req/s/GPU  target rate / GPUs
@@ -33,7 +33,7 @@ from typing import Any
 
 from rich.console import Console
 
-from simulator.capacity.disagg_search import layout_label
+from simulator.capacity.disagg_search import aggregated_kind, layout_label
 from simulator.capacity.replicas import ReplicaResult
 from simulator.capacity.search import limited_by
 from simulator.capacity.sweep import SweepPoint, csv_cell, gpu_price, usd_per_m_tokens, window_caveats
@@ -59,7 +59,7 @@ class ReplicaRow:
     num_replicas: int | None = None  # the most any seed needed (disaggregated: both pools)
     replicas_ci_low: int | None = None  # the fewest any seed needed
     replicas_ci_high: int | None = None
-    num_gpus: int | None = None  # num_replicas × tensor_parallel
+    num_gpus: int | None = None  # num_replicas × tensor_parallel × data_parallel_size
     gpus_per_replica: int | None = None  # the point's tensor_parallel (disaggregated: None)
     bound_replicas: int | None = None  # ⌈R / U₁⌉, the analytic lower bound the searches started at
     max_replicas: int | None = None  # disaggregated: both pools' at the largest scale searched
@@ -105,6 +105,8 @@ class Shape:
     tp: int
     prefill_tp: int | None = None
     decode_tp: int | None = None
+    dp: int = 1  # data-parallel engines per replica (aggregated)
+    expert_parallel: bool = False
 
 
 def point_shape(point: SweepPoint, prices: dict[str, float]) -> Shape:
@@ -112,8 +114,11 @@ def point_shape(point: SweepPoint, prices: dict[str, float]) -> Shape:
     assert point.deployment is not None
     if point.pools is None or point.ratio is None:
         tp = point.deployment.capacity.tp
+        dp = point.deployment.capacity.dp
+        gpus = tp * dp  # a replica is dp engines of tp GPUs each
         price = gpu_price(point.deployment, prices)
-        return Shape(None, 1, tp, price * tp if price else None, tp)
+        return Shape(None, 1, gpus, price * gpus if price else None, tp, dp=dp,
+                     expert_parallel=point.deployment.capacity.ep > 1)
     (p, d), (prefill, decode) = point.ratio, point.pools
     tp_p, tp_d = prefill.capacity.tp, decode.capacity.tp
     price_p, price_d = gpu_price(prefill, prices), gpu_price(decode, prices)
@@ -141,7 +146,7 @@ def summarize_replicas(point: SweepPoint, allocator: str, results: Sequence[Repl
 
     def label(count: int | None) -> str:
         return layout_label(shape.ratio, count, shape.tp, prefill_tp=shape.prefill_tp,
-                            decode_tp=shape.decode_tp)
+                            decode_tp=shape.decode_tp, dp=shape.dp, expert_parallel=shape.expert_parallel)
 
     def counts(scale: int) -> str:  # "4", or a disaggregated layout's "P4 : D8"
         return f"P{shape.ratio[0] * scale} : D{shape.ratio[1] * scale}" if shape.ratio else str(scale)
@@ -150,8 +155,8 @@ def summarize_replicas(point: SweepPoint, allocator: str, results: Sequence[Repl
         point_index=point.index, knobs=point.knobs, allocator=allocator, target_rate_req_s=rate,
         pool_ratio=f"{shape.ratio[0]}:{shape.ratio[1]}" if shape.ratio else None, setup=point_setup(point),
         layout_kind=(f"disagg {shape.ratio[0]}:{shape.ratio[1]} TP{shape.prefill_tp}/TP{shape.decode_tp}"
-                     if shape.ratio else f"agg TP{shape.tp}"),
-        gpus_per_replica=None if shape.ratio else shape.tp,
+                     if shape.ratio else aggregated_kind(shape.tp, shape.dp, shape.expert_parallel)),
+        gpus_per_replica=None if shape.ratio else shape.gpus,
         bound_replicas=max(r.start for r in results) * shape.replicas,
         max_replicas=results[0].max_replicas * shape.replicas, max_gpus=results[0].max_replicas * shape.gpus,
         price_usd_per_gpu_hour=shape.usd_per_hour / shape.gpus if shape.usd_per_hour else None,
