@@ -19,8 +19,9 @@ once with prefix caching on and once with it off, on:
 * ``kvplan, per token``: :class:`simulator.kv.paged.PagedAllocator` (refcounts, COW, prefix cache
   with O(1) LRU eviction, O(1) accounting), ``append`` called per token;
 * ``kvplan, lazy``: ``tokens_until_append`` asked per token, ``append`` only when it says 0;
-* ``kvplan, events (simulator)``: what the simulator does — after each ``append`` it asks
-  ``tokens_until_append`` once and makes no call until that many tokens are written.
+* ``kvplan, events (simulator)``: what the simulator does — a boundary's ``grow`` (``append``
+  and ``tokens_until_append`` of a forked sequence) answers the room, and no call is made until
+  that many tokens are written.
 
 It prints operations per second, the ratio to each baseline (higher is faster), and the load
 average. Times are this process's CPU time, the best of ``--repeats`` runs taken in turns, so that
@@ -573,10 +574,14 @@ def replay(ops: list[tuple], allocate, append, fork, free, until=None) -> float:
 
 
 def replay_events(ops: list[tuple], a: PagedAllocator) -> float:
-    """CPU seconds to apply ``ops`` as the simulator's scheduler does: after every allocate, fork and
-    append it asks ``tokens_until_append`` once and calls nothing until that room is used up."""
-    allocate, append, fork, free, until = a.allocate, a.append, a.fork, a.free, a.tokens_until_append
+    """CPU seconds to apply ``ops`` as the simulator's scheduler does: it calls nothing until a
+    sequence's room is used up. A lone sequence grows with ``grow``, which answers the room to its
+    next boundary; a forked one (its last block may be shared: copy-on-write) with ``append``,
+    then ``tokens_until_append``, as after allocate and fork."""
+    allocate, append, fork, free = a.allocate, a.append, a.fork, a.free
+    grow, until = a.grow, a.tokens_until_append
     due: dict[int, int] = {}  # seq -> the largest token count reachable without a call
+    forked: set[int] = set()
     t = time.process_time()
     for op in ops:
         kind = op[0]
@@ -584,8 +589,11 @@ def replay_events(ops: list[tuple], a: PagedAllocator) -> float:
             seq, n = op[1], op[2]
             if n <= due[seq]:
                 continue
-            append(seq, n)
-            due[seq] = n - 1 + until(seq, n - 1)
+            if seq in forked:
+                append(seq, n)
+                due[seq] = n - 1 + until(seq, n - 1)
+            else:
+                due[seq] = n - 1 + grow(seq, n)  # type: ignore[operator]
         elif kind == "alloc":
             seq, n = op[1], op[2]
             allocate(seq, n, op[3], op[4])
@@ -593,11 +601,14 @@ def replay_events(ops: list[tuple], a: PagedAllocator) -> float:
         elif kind == "fork":
             parent, child, n = op[1], op[2], op[3]
             fork(parent, child, n)
+            forked.add(parent)
+            forked.add(child)
             due[parent] = n + until(parent, n)  # its last block may be shared now
             due[child] = n + until(child, n)
         else:
             free(op[1])
             del due[op[1]]
+            forked.discard(op[1])
     return time.process_time() - t
 
 

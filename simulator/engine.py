@@ -286,8 +286,10 @@ def simulate(
                          "requests to measure")
     log = StepLog(record_steps, bin_s=step_bin_s)
     route = Router(router or RouterConfig(), replicas)
-    # a policy that reads the KV pool or the prefix cache sees every step's state: no quiet runs
-    macro = macro_steps and getattr(latency, "quiet_runs", True) and not route.config.reads_kv
+    # a policy that reads the KV pool or the prefix cache sees every step's state: no quiet runs;
+    # nor on a pool whose blocks a quiet run's growths may free (KVAllocator.quiet_runs)
+    macro = (macro_steps and getattr(latency, "quiet_runs", True) and not route.config.reads_kv
+             and all(rep.allocator.quiet_runs for rep in replicas))
     done = [0]
     gated = clients.gated
     sent: list[Request] = list(requests) if gated else requests  # type: ignore[assignment]

@@ -14,6 +14,8 @@ integer ``seq_id``. The contract, shared by :class:`~simulator.kv.paged.PagedAll
 * ``tokens_until_append(seq_id, num_written)`` says how many more tokens can be written without
   calling ``append``: the simulator touches the allocator only at those points (block boundaries,
   a shared last block), never per token.
+* ``grow(seq_id, num_tokens)`` is ``append`` for a growth that copies nothing followed by that
+  question, in one call: the room to the next boundary, or ``None`` when the pool is full.
 * ``fork(parent_id, child_id, num_tokens)`` gives ``child_id`` the parent's first ``num_tokens``
   tokens (parallel sampling, beam search): shared blocks when paged, a copy when contiguous.
 * ``free(seq_id)`` releases everything of the sequence at once.
@@ -123,6 +125,9 @@ class KVAllocator(ABC):
     # token-state slots one written token fills: 1, or a hybrid pool's token groups (each token
     # has a slot in every group); the engine's quiet runs grow the token state by this per token
     slots_per_token: int = 1
+    # whether the engine may run quiet runs over this pool: their argument (simulator/scheduler/
+    # core.py quiet_run) needs that no block is freed while a batch only grows
+    quiet_runs: bool = True
 
     def __init__(self) -> None:
         self.num_tokens: dict[int, int] = {}  # seq_id -> tokens declared (grow-before-write)
@@ -214,6 +219,23 @@ class KVAllocator(ABC):
         region is reserved whole at admission), so there is no block to hand out.
         """
         return 0
+
+    def grow(self, seq_id: int, num_tokens: int) -> int | None:
+        """:meth:`append` for a growth that copies nothing, then :meth:`tokens_until_append` of
+        the tokens written before it: how many tokens, from position ``num_tokens - 1`` on, can
+        be written before the next ``append``. ``None`` when the pool is full (nothing changed).
+
+        A scheduler growing a single-sequence group at its boundary needs both answers; one call
+        saves the second per block boundary. A growth that copies (copy-on-write of a shared,
+        partially filled last block, which only forks make) raises ``ValueError``: such a
+        sequence must go through ``append``, which reports the copies.
+        """
+        r = self.append(seq_id, num_tokens)
+        if r is None:
+            return None
+        if r.copies:
+            raise ValueError(f"grow() of sequence {seq_id} copied blocks {r.copies}: use append()")
+        return self.tokens_until_append(seq_id, num_tokens - 1)
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self.num_tokens

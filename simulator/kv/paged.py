@@ -65,11 +65,13 @@ offloading/scheduler.py, ``OffloadingConnectorScheduler``; vllm/v1/kv_offload/cp
 The tier holds hashes only: ``OrderedDict`` hash -> None, least recently used first. Off, it is
 ``None`` and costs one ``is not None`` test per registration and per allocation.
 
-Where the time goes: the simulator calls ``tokens_until_append`` once per block boundary and
-``append`` only where it says so, so the hot paths are a private last block growing by one block
-(from the free list, or by evicting one cached block) and ``allocate``/``free`` of whole prompts.
-Those are written out inline, and per-block prefix-cache work (registering a full block's hash)
-runs only once a block is full, never for a token that stays inside its block.
+Where the time goes: the simulator calls the allocator only at a block boundary, and there
+``grow``, which takes the block and answers the room to the next boundary in one call (``append``
+then ``tokens_until_append`` for a forked sequence), so the hot paths are a private last block
+growing by one block (from the free list, or by evicting one cached block) and
+``allocate``/``free`` of whole prompts. Those are written out inline, a request without block
+hashes skips the prefix-cache walk, and per-block prefix-cache work (registering a full block's
+hash) runs only once a block is full, never for a token that stays inside its block.
 """
 
 from __future__ import annotations
@@ -395,19 +397,21 @@ class PagedAllocator(KVAllocator):
         if seq_id in self.block_tables:
             raise ValueError(f"sequence {seq_id} is already allocated")
         bs = self.block_size
-        need = self.blocks_needed(num_tokens)
-        max_hits = min(len(block_hashes), max(num_tokens - 1, 0) // bs) if self.enable_prefix_caching else 0
-        if need - max_hits > self.num_free_blocks():  # too big whatever is cached: no walk over
-            self.last_failure = AllocFailure.NO_SPACE  # the hashes (a head waiting for room)
+        need = -(-num_tokens // bs)
+        hashed = bool(block_hashes) and self.enable_prefix_caching
+        max_hits = min(len(block_hashes), max(num_tokens - 1, 0) // bs) if hashed else 0
+        if need - max_hits > len(self._free) + len(self._evictable):  # too big whatever is cached:
+            self.last_failure = AllocFailure.NO_SPACE  # no walk over the hashes (a head waiting)
             return None
-        hits = self._leading_hits(block_hashes, max(num_tokens - 1, 0) // bs)
-        evictable_hits = sum(1 for b in hits if self.ref_count[b] == 0)
-        # CPU-tier hits need fresh blocks like any miss: counted in need - len(hits) already
-        if need - len(hits) + evictable_hits > self.num_free_blocks():
-            self.last_failure = AllocFailure.NO_SPACE
-            return None
+        hits: list[int] = []
         loaded = 0
-        if block_hashes and self.enable_prefix_caching:
+        if hashed:  # a request without hashes (or caching off) has no hit: it fits, as checked
+            hits = self._leading_hits(block_hashes, max(num_tokens - 1, 0) // bs)
+            evictable_hits = sum(1 for b in hits if self.ref_count[b] == 0)
+            # CPU-tier hits need fresh blocks like any miss: counted in need - len(hits) already
+            if need - len(hits) + evictable_hits > self.num_free_blocks():
+                self.last_failure = AllocFailure.NO_SPACE
+                return None
             self.num_queried_blocks += min(len(block_hashes), max(num_tokens - 1, 0) // bs)
             self.num_hit_blocks += len(hits)
             if self._offload is not None:
@@ -432,18 +436,16 @@ class PagedAllocator(KVAllocator):
         for b in new:
             ref_count[b] = 1
             fill[b] = bs
-        table = hits + new
-        if need:
-            last = table[-1]
-            if self.ref_count[last] == 1:
-                fill[last] = num_tokens - (need - 1) * bs
+        table = hits + new if hits else new
+        if need:  # the last block is a new one: the hits stop before the last prompt token's block
+            fill[table[-1]] = num_tokens - (need - 1) * bs
         self.block_tables[seq_id] = table
         self.num_tokens[seq_id] = num_tokens
         self.final_tokens[seq_id] = final_tokens
         self._sum_alloc += need * bs
         self._sum_useful += min(need * bs, final_tokens)
         self._sum_tokens += num_tokens
-        if block_hashes and self.enable_prefix_caching:
+        if hashed:
             self._seq_hashes[seq_id] = block_hashes
             self._num_hashed[seq_id] = len(hits)
             if len(hits) < len(block_hashes):
@@ -470,40 +472,14 @@ class PagedAllocator(KVAllocator):
             return NO_COPIES
         fill = self.fill
         private_last = not old_len or ref_count[table[-1]] == 1
-        # the simulator's hot path: one new block after a private full one (or the same cases as
-        # above with nothing to declare); everything else takes the general path
+        # the simulator's hot path: one new block after a private full one (grow's fast path, the
+        # same conditions), or nothing to declare; everything else takes the general path
         if private_last and num_tokens <= capacity + bs and (
             num_tokens <= capacity or self._free or self._evictable
         ):
-            old_tokens = self.num_tokens[seq_id]
             if num_tokens > capacity:
-                if self._free:
-                    b = self._free.pop()
-                else:  # _evict(1), written out: on a full pool this is every decode block
-                    b, _ = self._evictable.popitem(False)
-                    del self._cache[self.block_hash[b]]  # type: ignore[arg-type]
-                    self.block_hash[b] = None
-                    self.num_evictions += 1
-                    self.cache_generation += 1
-                ref_count[b] = 1
-                if old_len:
-                    fill[table[-1]] = bs
-                fill[b] = num_tokens - capacity
-                table.append(b)
-                final = self.final_tokens[seq_id]
-                self._sum_alloc += bs
-                if final > capacity:  # Σ min(allocated, final) grows by what of the block is useful
-                    self._sum_useful += bs if final >= capacity + bs else final - capacity
-            elif num_tokens > old_tokens:
-                fill[table[-1]] = num_tokens - capacity + bs
-            else:
-                return NO_COPIES
-            self.num_tokens[seq_id] = num_tokens
-            self._sum_tokens += num_tokens - old_tokens
-            hash_due = self._hash_due
-            if hash_due and num_tokens >= hash_due.get(seq_id, num_tokens + 1):
-                self._register_hashes(seq_id, num_tokens)
-            return NO_COPIES
+                self.grow(seq_id, num_tokens)
+            return NO_COPIES  # else num_tokens <= 0: the common case above took every other
         cow = False
         if table:
             last = table[-1]
@@ -539,6 +515,43 @@ class PagedAllocator(KVAllocator):
             if num_tokens >= self._hash_due.get(seq_id, num_tokens + 1):
                 self._register_hashes(seq_id, num_tokens)
         return result
+
+    def grow(self, seq_id: int, num_tokens: int) -> int | None:
+        """As the interface says. Its fast path — one new block after a private last block, which
+        is every block boundary of a decoding sequence — is written out: the room it returns is
+        the new block's, known without asking. Anything else goes through :meth:`append`."""
+        table = self.block_tables[seq_id]
+        bs, ref_count, free = self.block_size, self.ref_count, self._free
+        old_len = len(table)
+        capacity = old_len * bs
+        if not (capacity < num_tokens <= capacity + bs and (free or self._evictable)
+                and (not old_len or ref_count[table[-1]] == 1)):
+            return super().grow(seq_id, num_tokens)
+        if free:
+            b = free.pop()
+        else:  # _evict(1), written out: on a full pool this is every decode block
+            b, _ = self._evictable.popitem(False)
+            del self._cache[self.block_hash[b]]  # type: ignore[arg-type]
+            self.block_hash[b] = None
+            self.num_evictions += 1
+            self.cache_generation += 1
+        ref_count[b] = 1
+        fill = self.fill
+        if old_len:
+            fill[table[-1]] = bs
+        fill[b] = num_tokens - capacity
+        table.append(b)
+        final = self.final_tokens[seq_id]
+        self._sum_alloc += bs
+        if final > capacity:  # Σ min(allocated, final) grows by what of the block is useful
+            self._sum_useful += bs if final >= capacity + bs else final - capacity
+        declared = self.num_tokens
+        self._sum_tokens += num_tokens - declared[seq_id]
+        declared[seq_id] = num_tokens
+        hash_due = self._hash_due
+        if hash_due and num_tokens >= hash_due.get(seq_id, num_tokens + 1):
+            self._register_hashes(seq_id, num_tokens)
+        return capacity + bs - num_tokens + 1  # tokens_until_append(seq_id, num_tokens - 1)
 
     def fork(self, parent_id: int, child_id: int, num_tokens: int) -> AppendResult | None:
         if child_id in self.block_tables:

@@ -19,8 +19,9 @@ step so the next step can admit into it.
 
 Per-step work is proportional to what changed, not to the batch: decoding sequences are not
 visited. A group's KV length is ``anchor_len + decode_counter - anchor_counter``; the step at
-which it next needs the allocator (``tokens_until_append``) or finishes is known in advance and
-kept in a dict keyed by decode counter. The totals a latency model needs (Σ context, Σ context²,
+which it next needs the allocator (``tokens_until_append``, or the room ``grow`` answers at a
+single sequence's boundary) or finishes is known in advance and kept in a dict keyed by decode
+counter. The totals a latency model needs (Σ context, Σ context²,
 max context) are kept incrementally.
 """
 
@@ -330,13 +331,12 @@ class Scheduler:
         length = g.anchor_len + d - g.anchor_counter
         if len(g.seq_ids) == 1:  # the common case, without the loop
             s = g.seq_ids[0]
-            # an event fires only where growth (or a copy) is due; append is a no-op otherwise
-            while (r := alloc.append(s, length + 1)) is None:
+            # an event fires only where growth is due. A lone sequence never copies: only forks
+            # share a partially filled block (prefix-cache hits and registered hashes are full
+            # blocks), so grow() answers the room to the next boundary in the same call
+            while (room := alloc.grow(s, length + 1)) is None:
                 if not self._preempt_newest(g):
                     return
-            if r.copies:
-                self._copies.extend((s, src, dst, r.num_copied_tokens) for src, dst in r.copies)
-            room = alloc.tokens_until_append(s, length)
             g.grow_token += 1
             due = d + room
             if due < g.anchor_counter + g.final_tokens - g.anchor_len:
@@ -588,7 +588,7 @@ class Scheduler:
         if record is not None and k > 1:
             record(0, written + n)
         alloc = self.alloc
-        append, until, pop = alloc.append, alloc.tokens_until_append, events.pop
+        grow, pop = alloc.grow, events.pop
         decoding = Status.DECODING
         last = d0 + k - 1
         for d in range(d0 + 1, last + 1):  # step d - d0's schedule(): the growths due at counter d
@@ -607,11 +607,11 @@ class Scheduler:
                 # _grow's single-sequence path, inlined (a quiet run's growth cannot fail)
                 s = seqs[0]
                 base = g.anchor_counter - g.anchor_len  # the counter at which the KV length is 0
-                r = append(s, d - base + 1)
-                if r is None or r.copies:
-                    raise AssertionError("a quiet run's growth failed or copied")
+                room = grow(s, d - base + 1)
+                if room is None:
+                    raise AssertionError("a quiet run's growth failed")
                 token = g.grow_token = token + 1
-                due = d + until(s, d - base)
+                due = d + room
                 if due < base + g.final_tokens:
                     later = events.get(due)
                     if later is None:
