@@ -92,6 +92,10 @@ class HybridPagedAllocator(KVAllocator):
                                    if g.kind != LINEAR_ATTENTION)
         self._num_linear = len(layout.groups) - len(self._token_groups)
         self.slots_per_token = len(self._token_groups)  # token_state = groups × written − ...
+        # a window group drops the blocks its sequences' windows leave at their growths, which
+        # breaks the quiet-run argument (nothing freed while a batch only grows): with window
+        # groups the engine runs single steps (randomised V1 workloads differed in ~4% of cases)
+        self.quiet_runs = not any(window is not None for _, window in self._token_groups)
         self.enable_prefix_caching = enable_prefix_caching and not self._num_linear
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         # seq -> per token group: [first live block index, live block ids...]
@@ -116,6 +120,8 @@ class HybridPagedAllocator(KVAllocator):
             ((g, kind, window, -(-(window - 1) // bs) if kind == SLIDING_ATTENTION else window)
              for g, (kind, window) in enumerate(self._token_groups)),
             key=lambda f: f[1] in (SLIDING_ATTENTION, CHUNKED_ATTENTION))
+        # blocks one block boundary of a decoding sequence takes: one in every token group
+        self.blocks_per_growth = max(len(self._token_groups), 1)
         self.num_evictions = 0
         self.num_hit_blocks = 0
         self.num_queried_blocks = 0
@@ -286,13 +292,53 @@ class HybridPagedAllocator(KVAllocator):
         if not self.enable_prefix_caching:
             return
         self._seq_hashes[seq_id] = block_hashes
-        self._num_hashed.setdefault(seq_id, 0)
+        done = self._num_hashed.setdefault(seq_id, 0)
+        if done < len(block_hashes):
+            self._hash_due[seq_id] = (done + 1) * self.block_size
         self._register_hashes(seq_id, num_tokens)
 
+    def has_unreferenced_hit(self, block_hashes: Sequence[int], num_prompt_tokens: int) -> bool:
+        """Whether a block that a new sequence of ``num_prompt_tokens`` would share is free
+        (cached, unreferenced) now or may become so without a sequence being freed: an eviction
+        may then take it and shorten the hit (the question :meth:`PagedAllocator.
+        has_unreferenced_hit` answers for one group). A window group's hit blocks count whatever
+        their references: their holders drop them as their windows move on (``append``'s
+        ``remove_skipped_blocks``), a full group's are dropped only by a ``free``."""
+        if not block_hashes or not self.enable_prefix_caching:
+            return False
+        _, shared, _ = self._admission(num_prompt_tokens, block_hashes)
+        ref_count = self.ref_count
+        for (kind, _), blocks in zip(self._token_groups, shared):
+            if blocks and (kind in (SLIDING_ATTENTION, CHUNKED_ATTENTION)
+                           or any(ref_count[b] == 0 for b in blocks)):
+                return True
+        return False
+
+    def num_uncached_free_blocks(self) -> int:
+        """Free blocks that hold no cached content: new blocks are taken from them first, so
+        that many evict nothing."""
+        return len(self._free)
+
     # ------------------------------------------------------------------ interface
-    def can_allocate(self, num_tokens: int, final_tokens: int,
-                     block_hashes: Sequence[int] = ()) -> bool:
-        return self._admission(num_tokens, block_hashes)[2] <= len(self._free) + len(self._evictable)
+    def can_allocate(self, num_tokens: int, final_tokens: int, block_hashes: Sequence[int] = (),
+                     *, reserve_blocks: int = 0) -> bool:
+        """As the interface says; ``reserve_blocks`` more block ids of the shared pool must stay
+        free after it (an admission watermark: simulator/scheduler/v1.py). The blocks counted
+        are vLLM's: the sum over groups (vllm/v1/core/kv_cache_coordinator.py,
+        ``KVCacheCoordinator.get_num_blocks_to_allocate``) of each group's blocks past its hit,
+        skipped blocks excluded, plus its hit blocks that are free (vllm/v1/core/
+        single_type_kv_cache_manager.py, ``SingleTypeKVCacheManager.get_num_blocks_to_allocate``:
+        ``num_evictable_blocks``)."""
+        need = self._admission(num_tokens, block_hashes)[2]
+        return need + reserve_blocks <= len(self._free) + len(self._evictable)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks a new sequence of ``num_tokens`` takes without a cache hit: ``ceil(n / B)`` in
+        every token group (nothing computed, nothing skipped) and one per linear group, summed
+        as ``KVCacheCoordinator.get_num_blocks_to_allocate`` sums them. A hit never needs more
+        (each group's free hit blocks are at most the blocks it saves), so this bounds
+        :meth:`can_allocate`'s count from above."""
+        return len(self._token_groups) * -(-num_tokens // self.block_size) + self._num_linear
 
     def allocate(self, seq_id: int, num_tokens: int, final_tokens: int,
                  block_hashes: Sequence[int] = ()) -> Allocation | None:

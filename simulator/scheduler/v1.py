@@ -38,8 +38,12 @@ The rules, each with the function it comes from:
 * ``watermark`` (default 0.0: off, vllm/config/scheduler.py; vLLM PR #44594):
   ``int(watermark × num_blocks)`` blocks must stay free after a waiting or preempted request's
   allocation when some request is already scheduled (``KVCacheManager.allocate_slots``,
-  ``has_scheduled_reqs``), in the full-ISL check and in the allocation itself. Paged pools only
-  (a contiguous region has no blocks to keep free).
+  ``has_scheduled_reqs``), in the full-ISL check and in the allocation itself. Block pools
+  only (a contiguous region has no blocks to keep free). A hybrid model's pool
+  (:class:`~simulator.kv.hybrid.HybridPagedAllocator`) is one ``BlockPool`` for every group:
+  ``num_blocks`` counts its block ids, and a request needs the sum over groups of its blocks
+  past the hit, skipped blocks excluded (vllm/v1/core/kv_cache_coordinator.py,
+  ``KVCacheCoordinator.get_num_blocks_to_allocate``).
 * A request whose prompt KV was computed elsewhere (``Request.kv_ready_tokens``: the decode
   side of prefill/decode disaggregation, simulator/disagg.py) is admitted, at its first
   admission only, as vLLM's NixlConnector has it: ``get_num_new_matched_tokens``
@@ -59,8 +63,9 @@ The rules, each with the function it comes from:
   ``max_model_len`` when none is set, and that is all it does in V1.
 * Preemption by recompute only (``Scheduler._preempt_request``: free the blocks, computed tokens
   back to 0, the request to the head of the waiting queue). V1 names every full block of a
-  request, generated tokens too, and freed blocks stay cached until evicted, so a re-admitted
-  request finds its own blocks (``BlockPool.cache_full_blocks``; ``KVCacheManager.free`` frees
+  request, generated tokens too (on a hybrid pool, in every group that still holds the block:
+  ``BlockPool.cache_full_blocks`` per ``kv_cache_group_id``), and freed blocks stay cached until
+  evicted, so a re-admitted request finds its own blocks (``BlockPool.cache_full_blocks``; ``KVCacheManager.free`` frees
   the tail first, so the tail is evicted first). Modelled at preemption only: the victim's full
   blocks are named then (:func:`own_block_hashes`), registered in the cache and freed; its
   re-admission looks them up. Ordinary finishes build no per-block ids.
@@ -90,6 +95,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from simulator.kv.allocator import AllocFailure, KVAllocator
+from simulator.kv.hybrid import HybridPagedAllocator
 from simulator.kv.paged import PagedAllocator
 from simulator.plan import PrefillChunk, StepPlan
 from simulator.scheduler.config import SchedulerConfig
@@ -102,6 +108,12 @@ from workloads.request import Request
 _OWN = 0x6F776E
 
 _by_admission = attrgetter("admit_order")
+
+# The pools of block ids: the watermark, a preempted request's own blocks and the quiet-run early
+# end read their ``num_free_blocks``, ``num_uncached_free_blocks``, ``blocks_needed``,
+# ``can_allocate(..., reserve_blocks=)``, ``cache_blocks`` and ``has_unreferenced_hit``.
+BlockPool = PagedAllocator | HybridPagedAllocator
+_BLOCK_POOLS = (PagedAllocator, HybridPagedAllocator)
 
 
 def own_block_hashes(hashes: tuple[int, ...], uid: int, num_blocks: int) -> tuple[int, ...]:
@@ -140,16 +152,17 @@ class V1Scheduler(Scheduler):
             # vllm/config/scheduler.py (SchedulerConfig.__post_init__)
             threshold = int(config.max_model_len * 0.04)
         self.long_prefill_token_threshold = threshold
-        # the prefix cache that keeps a preempted request's own blocks (paged, caching on)
-        self._cache: PagedAllocator | None = None
-        if (config.enable_prefix_caching and isinstance(allocator, PagedAllocator)
-                and allocator.enable_prefix_caching):
-            self._cache = allocator
+        pool: BlockPool | None = allocator if isinstance(allocator, _BLOCK_POOLS) else None
+        # the prefix cache that keeps a preempted request's own blocks (a block pool, caching on)
+        self._cache: BlockPool | None = None
+        if config.enable_prefix_caching and pool is not None and pool.enable_prefix_caching:
+            self._cache = pool
         # the admission watermark in blocks (KVCacheManager: int(watermark * num_blocks)); a
-        # paged pool's: contiguous regions have no blocks to keep free
-        self._cache_pool: PagedAllocator | None = allocator if isinstance(allocator, PagedAllocator) else None
-        self._watermark_blocks = (int(config.watermark * allocator.num_blocks)
-                                  if isinstance(allocator, PagedAllocator) else 0)
+        # block pool's, in the ids every group shares: contiguous regions have no blocks to keep free
+        self._cache_pool = pool
+        self._watermark_blocks = int(config.watermark * allocator.num_blocks) if pool is not None else 0
+        # blocks one decoding sequence's block boundary takes (one per token group on a hybrid pool)
+        self._growth_blocks = allocator.blocks_per_growth if isinstance(allocator, HybridPagedAllocator) else 1
         self._done: list[Group] = []  # finished in the step being completed, KV not yet freed
         self._families: dict[int, _Samples] = {}  # parallel-sampling request id -> its samples
         self._family_of: dict[int, _Samples] = {}  # a sample's (negative) request id -> family
@@ -402,7 +415,9 @@ class V1Scheduler(Scheduler):
         threshold: claiming that block counts as taking a free one, so when a growth evicts it
         the head's chunk of the same size needs a block less (or more, the hit shortening there)
         while the free blocks drop by one. Then the run may only go as far as its growths take
-        uncached free blocks, which evict nothing.
+        uncached free blocks, which evict nothing. On a hybrid pool a window group's hit block
+        counts as free even while referenced: a running sequence may drop it in the run, as its
+        window moves on (:meth:`HybridPagedAllocator.has_unreferenced_hit`).
         """
         k = super().quiet_run(plan, limit)
         cache = self._cache
@@ -416,12 +431,13 @@ class V1Scheduler(Scheduler):
                                           target > self.config.max_num_batched_tokens - self._n_dec)
         if not cut or not cache.has_unreferenced_hit(head.block_hashes, target):
             return k  # a chunk of the whole rest needs the more blocks the shorter the hit
-        return self._steps_before_eviction(k, cache.num_uncached_free_blocks())
+        return self._steps_before_eviction(k, cache.num_uncached_free_blocks() // self._growth_blocks)
 
     def _steps_before_eviction(self, k: int, free: int) -> int:
-        """The steps, up to ``k``, before the first whose growths would need more than ``free``
-        blocks counted from now (the core's count in :meth:`Scheduler.quiet_run`: the growths
-        due, and those the run's own growths file one block later)."""
+        """The steps, up to ``k``, before the first whose growths would be more than ``free``
+        counted from now (the core's count in :meth:`Scheduler.quiet_run`: the growths due, and
+        those the run's own growths file one block later). Blocks a window group drops in the
+        run are not counted back: the count errs on the early side."""
         d, bs, events = self.decode_counter, self.config.block_size, self._events
         later: dict[int, list[int]] = {}  # counter -> the end counters of groups that grow there
         for j in range(1, k):
