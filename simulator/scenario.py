@@ -39,6 +39,7 @@ boolean where a number belongs is an error, not 1 or 0). A deployment vLLM would
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -66,6 +67,14 @@ def canonical_allocator(name: str) -> str:
         choices = ALLOCATORS + tuple(ALLOCATOR_ALIASES)
         raise KvplanError(f"unknown allocator '{name}'{did_you_mean(name, choices) or ' (known: ' + ', '.join(ALLOCATORS) + ')'}")
     return name
+
+
+def _one_of(value: str, known: Sequence[str], what: str) -> str:
+    """``value`` if it is one of ``known``; else a ValueError naming the near one (or all)."""
+    if value not in known:
+        hint = did_you_mean(value, known) or f" (known: {', '.join(known)})"
+        raise ValueError(f"unknown {what} {value!r}{hint}")
+    return value
 
 
 class _Spec(BaseModel):
@@ -130,10 +139,7 @@ class RouterSpec(_Spec):
     @field_validator("policy")
     @classmethod
     def _policy(cls, value: str) -> str:
-        if value not in POLICIES:
-            hint = did_you_mean(value, POLICIES) or f" (known: {', '.join(POLICIES)})"
-            raise ValueError(f"unknown routing policy {value!r}{hint}")
-        return value
+        return _one_of(value, POLICIES, "routing policy")
 
     @model_validator(mode="after")
     def _scorers(self) -> RouterSpec:
@@ -233,10 +239,7 @@ class SpeculativeSpec(_Spec):
     @field_validator("method")
     @classmethod
     def _method(cls, value: str) -> str:
-        if value not in SPEC_METHODS:
-            hint = did_you_mean(value, SPEC_METHODS) or f" (known: {', '.join(SPEC_METHODS)})"
-            raise ValueError(f"unknown speculative method {value!r}{hint}")
-        return value
+        return _one_of(value, SPEC_METHODS, "speculative method")
 
     @model_validator(mode="after")
     def _rates(self) -> SpeculativeSpec:
