@@ -28,7 +28,7 @@ SCENARIO: dict[str, Any] = {
     "latency": {"model": "constant", "step_s": 0.02},
     "workload": {"arrival": {"process": "poisson", "rate": 5.0},
                  "prompt_tokens": {"dist": "fixed", "value": 32},
-                 "output_tokens": {"dist": "uniform", "low": 1, "high": 6}, "num_requests": 600},
+                 "output_tokens": {"dist": "uniform", "low": 1, "high": 6}, "num_requests": 4000},
     "slo": {"ttft_p99_s": 0.3, "tpot_p99_s": 0.1},
 }
 ARGS = ("--jobs", "2", "--seeds", "1", "--tolerance", "0.0005", "--no-plots")
