@@ -69,6 +69,23 @@ def test_llama_4_scout_size(capsys: pytest.CaptureFixture[str]) -> None:
     assert r["max_concurrency"] == pytest.approx(r["num_blocks"] / (262144 // 16 + 3 * chunked))
 
 
+@pytest.mark.parametrize("model, argv, total", [
+    # gpt-oss-20b: 24 layers alternating sliding (128) and full, 8 KV heads of 64, bf16
+    # (openai/gpt-oss-20b config.json): 12 layers hold the 32,768 tokens, 12 the last 128
+    ("gpt-oss-20b", ("--seq-len", "32768"), 2 * 8 * 64 * 2 * (12 * 32768 + 12 * 128)),
+    # Gemma-3-12B: 48 layers, 5 sliding (1,024) per global one -> 8 full, 40 sliding; 8 KV heads
+    # of 256 (google/gemma-3-12b-it text_config)
+    ("gemma-3-12b", ("--seq-len", "8192"), 2 * 8 * 256 * 2 * (8 * 8192 + 40 * 1024)),
+    # Llama-4-Maverick: 48 layers, every 4th global (12), 36 chunked (8,192); 8 KV heads of 128 over
+    # TP 8 -> one per rank; 20,000 tokens: the chunked layers hold 20,000 - 2 x 8,192
+    ("llama-4-maverick", ("--seq-len", "20000", "--tp", "8"), 2 * 1 * 128 * 2 * (12 * 20000 + 36 * 3616)),
+])
+def test_hybrid_sequence_bytes_by_hand(capsys: pytest.CaptureFixture[str], model: str,
+                                       argv: tuple[str, ...], total: int) -> None:
+    r = _size(capsys, "--model", model, "--gpu", "h200", *argv)
+    assert r["total_bytes"] == total
+
+
 def test_qwen3_next_size(capsys: pytest.CaptureFixture[str]) -> None:
     r = _size(capsys, "--model", "qwen3-next-80b-a3b", "--seq-len", "32768", "--gpu", "h200",
               "--tp", "2")
