@@ -61,6 +61,13 @@ def alive(pids: list[int]) -> list[int]:
     return live
 
 
+def _default_sigint() -> None:
+    """A terminal's foreground process has SIGINT's default disposition; a test run started in
+    the background (``nohup``, ``&`` in a script) ignores SIGINT, and a child inherits that (Python
+    then installs no KeyboardInterrupt handler): give the command the terminal's."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupted_run(tmp_path: Path, num_sigints: int) -> tuple[subprocess.CompletedProcess[str], list[int], Path]:
     """Start the sweep in its own process group, SIGINT the group (as a terminal's Ctrl-C does)
     once the first probe is cached, and return the finished process and its worker pids."""
@@ -68,7 +75,8 @@ def interrupted_run(tmp_path: Path, num_sigints: int) -> tuple[subprocess.Comple
     path.write_text(yaml.safe_dump(SCENARIO))
     out = tmp_path / "out"
     proc = subprocess.Popen([KVPLAN, "capacity", str(path), *ARGS, "--out", str(out)], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_default_sigint)
     cache = out / "cache"
     deadline = time.monotonic() + HANG_GUARD_S
     while not (cache.is_dir() and any(cache.glob("*.json"))):
