@@ -113,7 +113,7 @@ ROUTINGS = (ExpertRouting(), *(ExpertRouting("zipf", s) for s in (0.25, 0.5, 0.7
 
 def test_skew_raises_the_step_time_monotonically() -> None:
     """A compute-bound step (a 4,096-token prefill) on one node: more skew, a busier busiest
-    rank, a longer step."""
+    rank, a longer step. The times are the roofline's modelled seconds (no clock is read)."""
     times = [RooflineLatency(DSV3, H200, dp=8, enable_expert_parallel=True,
                              expert_routing=routing).step_latency_s(_prefill(4096))
              for routing in ROUTINGS]
