@@ -359,22 +359,45 @@ class RooflineLatency:
     def step_latency_s(self, plan: StepPlan) -> float:
         """Seconds the step takes (0 for a plan with no work); equals ``step_cost(plan).total_s``.
 
-        This is the simulator's hot path (one call per step), so the common case — a decode
-        step without copies on a dense model at TP 1 — is computed inline, term for term as
-        :func:`combine` computes it.
+        This is the simulator's hot path (one call per step), so the common cases — a decode
+        step, or a step with prefill chunks, without copies or swaps on a dense model at TP 1 —
+        are computed inline, term for term as :meth:`step_cost` and :func:`combine` compute them
+        (the terms that are 0.0 there are added as 0.0 here: the same floats, bit for bit).
         """
-        if (plan.prefills or plan.cow_copies or plan.num_swap_out_blocks or plan.num_swap_in_blocks
-                or self.tp > 1 or self._num_experts or not plan.num_decode_seqs or self._hybrid):
+        if (plan.cow_copies or plan.num_swap_out_blocks or plan.num_swap_in_blocks or self.tp > 1
+                or self._num_experts or self._hybrid or plan.num_spec_tokens):
             return self.step_cost(plan).total_s
         n = plan.num_decode_seqs
         ctx = plan.decode_context_tokens
         bpt = self.bytes_per_token
-        memory_s = (self._dense_weight_bytes + ctx * bpt + n * bpt) / self._hbm_eff_bytes_s
-        # (a dense model's expert term is 0.0, and x + 0.0 == x: it is left out here)
-        compute_s = ((self._flops_per_token * n + self._flops_per_sample * n) / self._gemm_eff_flops_s
-                     + self._decode_flops_per_ctx * ctx / self._attn_eff_flops_s)
+        prefills = plan.prefills
+        if not prefills:
+            if not n:
+                return self.step_cost(plan).total_s
+            memory_s = (self._dense_weight_bytes + ctx * bpt + n * bpt) / self._hbm_eff_bytes_s
+            # (a dense model's expert term is 0.0, and x + 0.0 == x: it is left out here)
+            compute_s = ((self._flops_per_token * n + self._flops_per_sample * n) / self._gemm_eff_flops_s
+                         + self._decode_flops_per_ctx * ctx / self._attn_eff_flops_s)
+            return ((memory_s if memory_s >= compute_s else compute_s) + 0.0 + 0.0
+                    + self.constants.step_overhead_s + 0.0)
+        # step_terms' plan properties in one pass over the chunks (integers: exact in any order)
+        chunk_tokens = read = pairs = sampled = 0
+        for c in prefills:
+            t, done = c.num_tokens, c.num_computed_tokens
+            chunk_tokens += t
+            read += done + t
+            pairs += t * done + t * (t + 1) // 2
+            if c.samples_token:
+                sampled += 1
+        tokens = chunk_tokens + n
+        memory_s = ((self._dense_weight_bytes + 0.0) + (read + ctx) * bpt + tokens * bpt) / self._hbm_eff_bytes_s
+        compute_s = ((self._flops_per_token * tokens + self._flops_per_sample * (n + sampled))
+                     / self._gemm_eff_flops_s
+                     + (self._prefill_flops_per_pair * pairs + self._decode_flops_per_ctx * ctx)
+                     / self._attn_eff_flops_s)
+        c = self.constants
         return ((memory_s if memory_s >= compute_s else compute_s) + 0.0 + 0.0
-                + self.constants.step_overhead_s + 0.0)
+                + (c.step_overhead_s + 1.0 * c.prefill_overhead_s) + 0.0)
 
     def quiet_latencies(self, plan: StepPlan, k: int) -> Iterator[float]:
         """Durations of steps 1 .. k-1 of the quiet run ``plan`` starts (the same decode batch,

@@ -208,22 +208,28 @@ def test_bad_parameters(kwargs: dict[str, object]) -> None:
 
 
 def test_fast_path_equals_the_full_formula():
-    """step_latency_s has an inlined decode path; it must give exactly step_cost().total_s."""
+    """step_latency_s has inlined paths for decode steps and for steps with prefill chunks
+    (dense model, TP 1, no copies or swaps); they must give exactly step_cost().total_s."""
     import random
 
     from simulator.kv.gpus import get_gpu
     from simulator.kv.models import get_model
     from simulator.latency.roofline import RooflineLatency
-    from simulator.plan import StepPlan
+    from simulator.plan import PrefillChunk, StepPlan
 
     rng = random.Random(0)
-    for model in ("llama-3.1-8b", "qwen2.5-7b", "tiny"):
-        lat = RooflineLatency(get_model(model), get_gpu("h100-80gb"))
-        for _ in range(200):
-            n = rng.randint(1, 512)
-            ctx = n * rng.randint(1, 8000)
-            plan = StepPlan(0, (), n, ctx, float(ctx * ctx), ctx)
-            assert lat.step_latency_s(plan) == lat.step_cost(plan).total_s
+    for model in ("llama-3.1-8b", "qwen2.5-7b", "tiny", "llama-2-7b"):
+        for gpu in ("h100-80gb", "a100-80gb"):
+            lat = RooflineLatency(get_model(model), get_gpu(gpu))
+            for _ in range(200):
+                n = rng.randint(0, 512)
+                ctx = n * rng.randint(1, 8000)
+                chunks = tuple(PrefillChunk(s, rng.randint(1, 8192), rng.choice((0, rng.randint(1, 30000))),
+                                            rng.random() < 0.5) for s in range(rng.choice((0, 1, 1, 2, 5))))
+                if not n and not chunks:
+                    continue
+                plan = StepPlan(0, chunks, n, ctx, float(ctx * ctx), ctx)
+                assert lat.step_latency_s(plan) == lat.step_cost(plan).total_s, plan
 
 
 # -- quantized weights: bytes streamed and the tensor cores the GEMMs use ------------------------
