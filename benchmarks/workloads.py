@@ -5,6 +5,7 @@
 
 Cases, each through ``workloads.spec.build_requests`` (the path ``kvplan simulate`` takes):
 
+* ``bundled azure-conv in full``: the 19,366 requests of the trace scenarios/chat.yaml replays.
 * ``1,000 of a 5x10^6-row trace``: a slice at the start of a big Azure CSV. Streaming stops
   reading once the slice is complete, so this should cost what reading 1,000 rows costs.
 * ``1,000 at rate 8 of a 10^6-row trace``: ``rate`` rescales to the *whole* trace's mean rate, so
@@ -137,7 +138,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kvplan-bench-") as tmp:
         folder = args.keep_dir or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        cases: list[tuple[str, dict]] = [("python + imports", {})]
+        cases: list[tuple[str, dict]] = [("python + imports", {}),
+                                         ("bundled azure-conv in full", {"trace": "bundled:azure-conv"})]
         if args.big_rows:
             big = str(trace_file(folder, args.big_rows))
             cases.append((f"1,000 of a {args.big_rows:,}-row trace", {"trace": big, "num_requests": 1000}))

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal, TextIO, get_args
 
 from simulator.errors import KvplanError, did_you_mean, unknown_name
-from workloads.request import Request
+from workloads.request import Request, cyclic_gc_paused
 
 log = logging.getLogger(__name__)
 
@@ -120,21 +120,56 @@ _DATETIME = re.compile(
 )
 
 
+_MINUTE_CHARS = len("2023-11-16 18:15:")  # the part of a datetime _DatetimeParser remembers
+MINUTES_LIMIT = 1 << 12  # minutes one _DatetimeParser remembers before it starts afresh
+_POWERS_OF_TEN = tuple(10**digits for digits in range(10))  # 10 ** len(fraction digits)
+
+
 class _DatetimeParser:
     """Wall-clock datetimes -> seconds since the first one parsed.
 
     Azure writes 7 fractional digits (100 ns), which ``datetime`` cannot hold, so the fields
     are parsed by hand. Seconds count from the first row's day, not the epoch, to keep the
     float's resolution far below a microsecond.
+
+    :meth:`seconds` parses any datetime :data:`_DATETIME` accepts and remembers its minute
+    (``2023-11-16 18:15:``, as seconds since the first day); :meth:`quick_seconds` reads a
+    datetime of a remembered minute, without time zone or surrounding spaces, at a third of
+    the cost (a trace has hundreds of rows per minute), and gives None for any other text.
     """
 
     def __init__(self, name: str) -> None:
         self._name = name
         self._first_day: int | None = None
         self._day_cache: dict[str, int] = {}
+        self._minute_s: dict[str, int] = {}
+
+    def quick_seconds(self, text: str) -> float | None:
+        """:meth:`seconds` of ``text`` if its minute is remembered and the rest is two digits
+        of seconds, then nothing or ``.`` and 1 to 9 digits; otherwise None (the text may
+        still be a datetime, with a time zone, spaces, or in a new minute).
+
+        Such a text is one :data:`_DATETIME` matches without a time zone (``\\d`` matches
+        exactly what ``str.isdecimal`` accepts: Unicode category Nd), and the sum is the one
+        :meth:`seconds` computes, in the same order, so the result is the same float."""
+        minute_s = self._minute_s.get(text[:_MINUTE_CHARS])
+        if minute_s is None:
+            return None
+        secs_text = text[_MINUTE_CHARS:_MINUTE_CHARS + 2]
+        if not (secs_text.isdecimal() and len(secs_text) == 2):
+            return None
+        secs = int(secs_text)  # up to 60: a leap second
+        frac = text[_MINUTE_CHARS + 3:]  # after the dot
+        if 0 < len(frac) <= 9 and text[_MINUTE_CHARS + 2] == "." and frac.isdecimal() and secs <= 60:
+            return minute_s + secs + int(frac) / _POWERS_OF_TEN[len(frac)]
+        if len(text) == _MINUTE_CHARS + 2 and secs <= 60:
+            return minute_s + secs + 0.0
+        return None
 
     def seconds(self, text: str, where: str) -> float:
-        match = _DATETIME.fullmatch(text.strip())
+        """Seconds of ``text`` since the first day parsed; not a datetime -> KvplanError."""
+        stripped = text.strip()
+        match = _DATETIME.fullmatch(stripped)
         day = self._day_cache.get(match[1]) if match else None
         if match and day is None:
             try:
@@ -150,7 +185,11 @@ class _DatetimeParser:
         if self._first_day is None:
             self._first_day = day
         _, hours, minutes, secs, frac, sign, tz_hours, tz_minutes = match.groups()
-        total = (day - self._first_day) * 86400 + int(hours) * 3600 + int(minutes) * 60 + int(secs)
+        minute_s = (day - self._first_day) * 86400 + int(hours) * 3600 + int(minutes) * 60
+        if len(self._minute_s) >= MINUTES_LIMIT:
+            self._minute_s.clear()
+        self._minute_s[stripped[:_MINUTE_CHARS]] = minute_s
+        total = minute_s + int(secs)
         if sign:  # convert to UTC so rows with different offsets compare correctly
             offset = int(tz_hours) * 3600 + int(tz_minutes) * 60
             total -= offset if sign == "+" else -offset
@@ -204,11 +243,13 @@ class _TimeOrder:
 
     def check(self, line_where: str, time_s: float, time_raw: object) -> None:
         if time_s < self._last_s:
-            raise KvplanError(
-                f"{line_where}: timestamp goes backwards ({_raw_text(time_raw)} < "
-                f"{_raw_text(self._last_raw)}); sort the trace first"
-            )
+            raise _backwards(line_where, time_raw, self._last_raw)
         self._last_s, self._last_raw = time_s, time_raw
+
+
+def _backwards(line_where: str, time_raw: object, last_raw: object) -> KvplanError:
+    return KvplanError(f"{line_where}: timestamp goes backwards ({_raw_text(time_raw)} < "
+                       f"{_raw_text(last_raw)}); sort the trace first")
 
 
 def _raw_text(value: object) -> str:
@@ -248,29 +289,35 @@ def _open_text(path: Path) -> Iterator[TextIO]:
         raise KvplanError(f"{path}: cannot read ({err.strerror})") from None
 
 
-def _csv_columns(f: TextIO, where: str, columns: Sequence[str]) -> Iterator[tuple[str, list[str]]]:
-    """Yield ``("file:line", [value of each wanted column])`` for each non-blank CSV row.
+def _csv_header(reader: Iterator[list[str]], where: str, columns: Sequence[str]) -> tuple[int, list[int]]:
+    """Read a CSV header: its number of fields, and the index of each wanted column.
 
-    The header names the columns (surrounding spaces ignored); a missing one is an error.
+    Surrounding spaces in the names are ignored; no header or a missing column is an error.
     """
+    header = next(reader, None)
+    if header is None:
+        raise KvplanError(f"{where}: empty file")
+    names = [name.strip() for name in header]
+    for column in columns:
+        if column not in names:
+            # Suggest only columns the format does not use: those are likely typos.
+            spare = [name for name in names if name not in columns]
+            raise KvplanError(f"{where}: missing column '{column}'" + did_you_mean(column, spare))
+    return len(names), [names.index(column) for column in columns]
+
+
+def _csv_columns(f: TextIO, where: str, columns: Sequence[str]) -> Iterator[tuple[str, list[str]]]:
+    """Yield ``("file:line", [value of each wanted column])`` for each non-blank CSV row
+    (the header as :func:`_csv_header` reads it)."""
     reader = csv.reader(f)
     try:
-        header = next(reader, None)
-        if header is None:
-            raise KvplanError(f"{where}: empty file")
-        names = [name.strip() for name in header]
-        for column in columns:
-            if column not in names:
-                # Suggest only columns the format does not use: those are likely typos.
-                spare = [name for name in names if name not in columns]
-                raise KvplanError(f"{where}: missing column '{column}'" + did_you_mean(column, spare))
-        indices = [names.index(column) for column in columns]
+        num_fields, indices = _csv_header(reader, where, columns)
         for row in reader:
             if not row:
                 continue
             line_where = f"{where}:{reader.line_num}"
-            if len(row) != len(names):
-                raise KvplanError(f"{line_where}: expected {len(names)} fields, got {len(row)}")
+            if len(row) != num_fields:
+                raise KvplanError(f"{line_where}: expected {num_fields} fields, got {len(row)}")
             yield line_where, [row[i] for i in indices]
     except csv.Error as err:
         raise KvplanError(f"{where}:{reader.line_num}: {err}") from None
@@ -307,16 +354,49 @@ def _key(obj: dict[str, Any], key: str, line_where: str, used: Sequence[str]) ->
 
 
 def _azure_rows(path: Path) -> Iterator[_Row]:
+    """The rows of an Azure trace: :func:`_csv_columns` and the field checks, done in one loop.
+
+    A trace is hundreds of thousands of rows of the same shape, so the common row takes a
+    short path: integers that ``int`` reads and that lie in range, a datetime in a minute
+    already seen (:meth:`_DatetimeParser.quick_seconds`), and no ``file:line`` text built.
+    Any other row goes through the same checks as every format (:func:`_prompt_tokens`,
+    :meth:`_DatetimeParser.seconds`, ...), in the same order, so it gives the same values
+    or raises the same error.
+    """
+    where = str(path)
     times = _DatetimeParser("TIMESTAMP")
-    order, shared = _TimeOrder(), _Shared()
-    columns = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+    quick_seconds = times.quick_seconds
+    shared = _Shared().value
+    last_s, last_stamp = -math.inf, ""
     with _open_text(path) as f:
-        for line_where, (stamp, context, generated) in _csv_columns(f, str(path), columns):
-            time_s = times.seconds(stamp, line_where)
-            prompt = _prompt_tokens(context, "ContextTokens", line_where)
-            output = _output_tokens(generated, "GeneratedTokens", line_where)
-            order.check(line_where, time_s, stamp)
-            yield time_s, shared.value(prompt), shared.value(output), ()
+        reader = csv.reader(f)
+        try:
+            num_fields, (at_stamp, at_context, at_generated) = _csv_header(
+                reader, where, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"))
+            for row in reader:
+                if len(row) != num_fields:
+                    if not row:
+                        continue
+                    raise KvplanError(f"{where}:{reader.line_num}: expected {num_fields} fields, "
+                                      f"got {len(row)}")
+                stamp, context, generated = row[at_stamp], row[at_context], row[at_generated]
+                time_s = quick_seconds(stamp)
+                if time_s is None:
+                    time_s = times.seconds(stamp, f"{where}:{reader.line_num}")
+                try:
+                    prompt, output = int(context), int(generated)
+                except ValueError:
+                    prompt = output = 0  # checked again below, where "12.0" is read too
+                if not (0 < prompt <= MAX_TOKENS and 0 < output <= MAX_TOKENS):
+                    line_where = f"{where}:{reader.line_num}"
+                    prompt = _prompt_tokens(context, "ContextTokens", line_where)
+                    output = _output_tokens(generated, "GeneratedTokens", line_where)
+                if time_s < last_s:
+                    raise _backwards(f"{where}:{reader.line_num}", stamp, last_stamp)
+                last_s, last_stamp = time_s, stamp
+                yield time_s, shared(prompt), shared(output), ()
+        except csv.Error as err:
+            raise KvplanError(f"{where}:{reader.line_num}: {err}") from None
 
 
 def _iter_azure(path: Path) -> Iterator[Request]:
@@ -588,5 +668,7 @@ def iter_trace(path: str | Path, format: str = "auto", **options: Any) -> Iterat
 
 def load_trace(path: str | Path, format: str = "auto", **options: Any) -> list[Request]:
     """Every request of a trace in ``format`` (see :func:`iter_trace`, which this reads to the
-    end, so every row is validated)."""
-    return list(iter_trace(path, format, **options))
+    end, so every row is validated), built with the cyclic garbage collector paused
+    (:func:`workloads.request.cyclic_gc_paused`)."""
+    with cyclic_gc_paused():
+        return list(iter_trace(path, format, **options))

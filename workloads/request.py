@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 
@@ -34,3 +37,23 @@ class Request:
     def num_seqs(self) -> int:
         """Sequences this request decodes at once (samples or beams)."""
         return max(self.n, self.beam_width)
+
+
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a workload's requests are built.
+
+    Every ``Request`` is a container the collector tracks, and building a million of them
+    triggers full collections again and again, each rescanning every request built so far
+    (0.67 of the 1.5 CPU seconds that building 10^6 synthetic requests took).
+    The requests form no reference cycles, so reference counting frees whatever the build
+    discards and nothing is left for the collector; it resumes afterwards (if it was running),
+    as ``simulator.engine.simulate`` does around its event loop.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

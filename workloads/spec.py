@@ -51,7 +51,7 @@ from simulator.errors import KvplanError, did_you_mean, warn_user
 from workloads import synthetic
 from workloads.clients import Clients
 from workloads.loaders import MAX_TOKENS, TraceFormat, bundled_trace_path, iter_trace
-from workloads.request import Request
+from workloads.request import Request, cyclic_gc_paused
 
 log = logging.getLogger(__name__)
 
@@ -515,13 +515,15 @@ def build_requests(spec: WorkloadSpec, *, seed: int, base_dir: Path) -> list[Req
     past them are neither parsed nor checked. Requests longer than the context window
     are left as they are: the scenario's ``max_model_len_policy`` decides what happens to them
     (:func:`workloads.synthetic.fit_to_max_model_len`, applied by ``simulator.run.load_workload``).
-    Bad input -> KvplanError prefixed ``workload``.
+    Bad input -> KvplanError prefixed ``workload``. The cyclic garbage collector is paused
+    meanwhile (:func:`workloads.request.cyclic_gc_paused`).
     """
     try:
-        if spec.trace is not None:
-            requests = _from_trace(spec, base_dir)
-        else:
-            requests = _synthesize(spec, seed, base_dir)
+        with cyclic_gc_paused():
+            if spec.trace is not None:
+                requests = _from_trace(spec, base_dir)
+            else:
+                requests = _synthesize(spec, seed, base_dir)
     except KvplanError as err:
         raise KvplanError(f"workload: {err}") from None
     return requests

@@ -1,8 +1,8 @@
 """Synthetic workloads and transformations of request lists.
 
 Generators draw from a caller-supplied ``numpy.random.Generator`` (same seed -> identical
-requests) and work on whole arrays, so 10^6 requests take seconds, most of it building the
-``Request`` objects, about 160 bytes each (see :func:`make_requests`). The pieces:
+requests) and work on whole arrays, so 10^6 requests take about a CPU second, most of it
+building the ``Request`` objects, about 160 bytes each (see :func:`make_requests`). The pieces:
 
 * arrivals: Poisson, gamma (burstiness set by the coefficient of variation of the gaps),
   constant rate; the first request arrives at 0.0 like a loaded trace's; or all at 0.0 (a
@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from simulator.errors import KvplanError
-from workloads.request import Request
+from workloads.request import Request, cyclic_gc_paused
 
 ArrivalProcess = Literal["poisson", "gamma", "constant"]
 Popularity = Literal["uniform", "zipf"]
@@ -240,6 +240,10 @@ def make_requests(
     chunks of :data:`REQUESTS_PER_CHUNK`, so the Python lists the conversion needs stay small
     however many requests there are, and so does the table of shared lengths (started afresh
     when it outgrows a chunk: lengths drawn from a huge range share little anyway).
+
+    Time: the requests are built with the cyclic garbage collector paused
+    (:func:`workloads.request.cyclic_gc_paused`): it would otherwise rescan every request built
+    so far again and again (benchmarks/workloads.py).
     """
     if not len(arrivals_s) == len(prompt_tokens) == len(output_tokens):
         raise ValueError("arrivals, prompt and output arrays differ in length")
@@ -252,19 +256,21 @@ def make_requests(
         block_tokens = shared_prefix.block_tokens
     lengths: dict[int, int] = {}  # one int object per distinct length
     requests: list[Request] = []
-    for start in range(0, num, REQUESTS_PER_CHUNK):
-        stop = min(start + REQUESTS_PER_CHUNK, num)
-        if len(lengths) > REQUESTS_PER_CHUNK:
-            lengths = {}
-        prompts = prompt_tokens[start:stop].tolist()
-        outputs = output_tokens[start:stop].tolist()
-        prefixes = map(by_group.__getitem__, groups[start:stop].tolist()) if by_group else repeat(())
-        # map() over plain lists is the fastest way to build many slotted dataclasses.
-        requests.extend(map(
-            Request, range(start, stop), arrivals_s[start:stop].tolist(),
-            map(lengths.setdefault, prompts, prompts), map(lengths.setdefault, outputs, outputs),
-            repeat(n), repeat(beam_width), prefixes, repeat(block_tokens),
-        ))
+    with cyclic_gc_paused():
+        for start in range(0, num, REQUESTS_PER_CHUNK):
+            stop = min(start + REQUESTS_PER_CHUNK, num)
+            if len(lengths) > REQUESTS_PER_CHUNK:
+                lengths = {}
+            prompts = prompt_tokens[start:stop].tolist()
+            outputs = output_tokens[start:stop].tolist()
+            prefixes = (map(by_group.__getitem__, groups[start:stop].tolist()) if by_group
+                        else repeat(()))
+            # map() over plain lists is the fastest way to build many requests.
+            requests.extend(map(
+                Request, range(start, stop), arrivals_s[start:stop].tolist(),
+                map(lengths.setdefault, prompts, prompts), map(lengths.setdefault, outputs, outputs),
+                repeat(n), repeat(beam_width), prefixes, repeat(block_tokens),
+            ))
     return requests
 
 
