@@ -10,7 +10,11 @@ each row's CPU over it. Rows:
 
 * ``kvplan --help`` and ``kvplan CMD --help`` for every command (the parser is built; nothing runs);
 * ``import simulator.cli`` (what every ``kvplan`` invocation pays);
+* the import phase of ``kvplan simulate``: simulate's parser and :mod:`simulator.run`;
 * the import of each command's implementation module (what running that command adds).
+
+Without a bytecode cache (``PYTHONDONTWRITEBYTECODE`` set, or a read-only checkout) every row
+also compiles the project's modules from source; the footer says which case was measured.
 
 ``python -X importtime -c "import simulator.cli"`` shows where the time goes, module by module.
 """
@@ -36,6 +40,8 @@ ROWS: list[tuple[str, list[str]]] = [
     *[(f"kvplan {cmd} --help", [*CLI, cmd, "--help"])
       for cmd in ("simulate", "size", "capacity", "validate", "calibrate", "fidelity")],
     ("import simulator.cli", ["-c", "import simulator.cli"]),
+    ("kvplan simulate: parser + simulator.run",
+     ["-c", "from simulator.cli import build_parser; build_parser('simulate'); import simulator.run"]),
     *[(f"import {mod}", ["-c", f"import {mod}"])
       for mod in ("simulator.run", "simulator.size_cmd", "simulator.capacity.cmd",
                   "simulator.capacity.search", "simulator.validate.cmd", "backend.cli")],
@@ -78,6 +84,8 @@ def main() -> int:
     print(f"{args.repeat} runs per row on {os.cpu_count()} CPUs; load average (1, 5, 15 min) "
           f"before {', '.join(f'{x:.2f}' for x in load_before)}, "
           f"after {', '.join(f'{x:.2f}' for x in load_after)}")
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        print("PYTHONDONTWRITEBYTECODE is set: every row compiled the project's modules from source")
     return 0
 
 

@@ -3,28 +3,25 @@
 Bad input (a KvplanError) is printed as one line, ``kvplan: error: ...``, with exit code 2 —
 never a traceback.
 
-Every run builds the whole parser (``kvplan --help`` lists every command, and argparse needs each
-command's options to parse its own), so this module imports only the light modules that add the
-parsers; each command's implementation — the engine, pandas, matplotlib, torch — is imported
-when that command runs. Importing pandas and matplotlib alone costs ~0.9 s of CPU, more than a
-small simulation (``python benchmarks/startup.py`` measures it; ``python -X importtime`` shows
-what each module costs).
+A run of a built-in command builds the parser of that command alone (argparse needs nothing else
+to parse its arguments, and its errors and ``--help`` name only that command); anything else —
+``kvplan --help``, a command of the backend, a mistyped name — builds the whole parser, which
+lists every command. The modules that add the parsers are light; each command's implementation
+— the engine, pandas, matplotlib, torch — is imported when that command runs. Importing pandas
+and matplotlib alone costs ~0.9 s of CPU, more than a small simulation (``python
+benchmarks/startup.py`` measures it; ``python -X importtime`` shows what each module costs).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from importlib.metadata import entry_points
 from typing import TextIO
 
-from simulator import export_cmd, size_cmd
-from simulator.capacity import options as capacity_options
-from simulator.compare import cmd as compare_cmd
 from simulator.errors import KvplanError, KvplanWarning
-from simulator.validate import cmd as validate_cmd
 
 
 def _add_simulate(sub: argparse._SubParsersAction) -> None:
@@ -73,6 +70,17 @@ def _run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+# The built-in commands in `kvplan --help`'s order: the module whose add_parser(subparsers) adds
+# each one's parser (None: simulate, added here).
+COMMANDS: dict[str, str | None] = {
+    "simulate": None,
+    "size": "simulator.size_cmd",
+    "capacity": "simulator.capacity.options",
+    "validate": "simulator.validate.cmd",
+    "compare": "simulator.compare.cmd",
+    "export": "simulator.export_cmd",
+}
+
 PLUGIN_GROUP = "kvplan.commands"
 
 
@@ -80,6 +88,8 @@ def _add_plugins(sub: argparse._SubParsersAction) -> None:
     """Commands of the real backend (``calibrate``, ``fidelity``) arrive as entry points, so the
     simulator never imports the backend (or torch) by name. Without the backend extra installed,
     the command still exists and says what to install."""
+    from importlib.metadata import entry_points
+
     for ep in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
         try:
             add = ep.load()
@@ -107,16 +117,22 @@ def _missing_backend(name: str, err: ImportError) -> Callable[[argparse.Namespac
     return run
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``kvplan`` parser: every command's (built-in, then the backend's entry points), or with
+    ``command``, one of :data:`COMMANDS`, that command's alone — all that parsing its arguments
+    needs, without importing the other commands' modules or reading the entry points."""
+    if command is not None and command not in COMMANDS:
+        raise ValueError(f"not a built-in command: {command!r} (one of {', '.join(COMMANDS)})")
     parser = argparse.ArgumentParser(prog="kvplan", description="Capacity planner for the KV cache of LLM serving.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_simulate(sub)
-    size_cmd.add_parser(sub)
-    capacity_options.add_parser(sub)
-    validate_cmd.add_parser(sub)
-    compare_cmd.add_parser(sub)
-    export_cmd.add_parser(sub)
-    _add_plugins(sub)
+    for name in COMMANDS if command is None else (command,):
+        module = COMMANDS[name]
+        if module is None:
+            _add_simulate(sub)
+        else:
+            importlib.import_module(module).add_parser(sub)
+    if command is None:
+        _add_plugins(sub)
     return parser
 
 
@@ -157,7 +173,8 @@ def _guarded(run: Callable[[], int], command: str = "kvplan") -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args = parser.parse_args(argv)
     return _guarded(lambda: args.func(args), args.command)
 

@@ -33,18 +33,15 @@ from typing import Any, NamedTuple
 
 from simulator.errors import KvplanError, warn_user
 from simulator.kv.allocator import KVAllocator
-from simulator.kv.contiguous import ContiguousAllocator
 from simulator.kv.expert_parallel import ExpertRouting, ParallelLayout
 from simulator.kv.gpus import GPUSpec, get_gpu
 from simulator.kv.hybrid import HybridPagedAllocator
-from simulator.kv.hybrid_contiguous import HybridContiguousAllocator
 from simulator.kv.models import ModelConfig, load_model
 from simulator.kv.paged import PagedAllocator
 from simulator.kv.quantization import resolve_quantization
 from simulator.kv.sizing import SCENARIO_KEYS, KVCapacity, hybrid_capacity_tokens, kv_capacity, weights_per_rank
 from simulator.latency import LatencyModel
 from simulator.latency.constant import ConstantLatency
-from simulator.latency.profile import ProfileLatency, check_profile_matches, read_profile
 from simulator.latency.roofline import RooflineLatency
 from simulator.latency.speculative import SpeculativeLatency, draft_head_model
 from simulator.refusals import check_startup
@@ -101,6 +98,10 @@ class Deployment:
                                   enable_prefix_caching=cfg.enable_prefix_caching,
                                   offload_blocks=int(offload.size_gib * GIB) // (
                                       self.capacity.block_bytes * self.capacity.tp) if offload else 0)
+        # the contiguous baselines: loaded by the runs that compare against them
+        from simulator.kv.contiguous import ContiguousAllocator
+        from simulator.kv.hybrid_contiguous import HybridContiguousAllocator
+
         policy = name.removeprefix("contiguous-")
         if self.capacity.kv_groups is not None:  # the same block ids, reserved per group
             return HybridContiguousAllocator(self.num_blocks, self.capacity.kv_groups,
@@ -381,6 +382,9 @@ def _latency_model(scenario: Scenario, base_dir: Path, model: ModelConfig, gpu: 
         assert spec.step_s is not None
         return ConstantLatency(spec.step_s)
     if spec.model == "profile":
+        # a measured profile is fitted with numpy (~0.07 s of CPU to import): only its runs pay
+        from simulator.latency.profile import ProfileLatency, check_profile_matches, read_profile
+
         assert spec.profile is not None
         profile = read_profile(_resolve(spec.profile, base_dir))
         if not force_profile:

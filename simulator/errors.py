@@ -7,8 +7,7 @@ traceback. Its message says *what* is wrong and *where* (file, line, key).
 
 from __future__ import annotations
 
-import difflib
-import multiprocessing
+import sys
 import warnings
 from collections.abc import Iterable
 
@@ -26,13 +25,20 @@ def warn_user(message: str) -> None:
     """Emit ``message`` as a KvplanWarning, from the main process only: a worker of a process
     pool (capacity's searches) rebuilds deployments and workloads its parent process already
     built, and said, when it resolved the sweep; repeating that from every worker would say each
-    warning once per task, outside the CLI's one-line format."""
-    if multiprocessing.parent_process() is None:
+    warning once per task, outside the CLI's one-line format.
+
+    A process in which nothing imported :mod:`multiprocessing` is no pool worker (a worker runs
+    multiprocessing's own bootstrap), so the check does not import it: the commands that start
+    no pool do not pay for it."""
+    mp = sys.modules.get("multiprocessing")
+    if mp is None or mp.parent_process() is None:
         warnings.warn(message, KvplanWarning, stacklevel=2)
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """Return ``" — did you mean 'x'?"`` for the closest choice, or ``""`` if none is close."""
+    import difflib  # only on an error's path
+
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
     return f" — did you mean '{close[0]}'?" if close else ""
 

@@ -39,7 +39,6 @@ import fcntl
 import json
 import os
 import re
-import secrets
 import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -50,6 +49,12 @@ from simulator.errors import KvplanError
 RUNS_DIR = Path("runs")
 MARKER = ".kvplan-output"  # in every folder open_output wrote: it may be replaced by a re-run
 _TOKEN_HEX = 8  # random hex digits in a staging/aside folder's name
+
+
+def _token() -> str:
+    """:data:`_TOKEN_HEX` random hex digits: what ``secrets.token_hex`` returns (os.urandom's
+    bytes in hex), without importing secrets (and hmac, hashlib) into every command."""
+    return os.urandom(_TOKEN_HEX // 2).hex()
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +160,7 @@ def replace_file(path: Path) -> contextlib.AbstractContextManager[Path]:
 
 @contextlib.contextmanager
 def _replacing(path: Path) -> Iterator[Path]:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(_TOKEN_HEX // 2)}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{_token()}.tmp")
     try:
         yield tmp
         os.replace(tmp, path)
@@ -233,7 +238,7 @@ def _make_sibling(final: Path, kind: str, shown: str) -> Path:
     """A new, empty, uniquely named folder next to ``final``, created with the usual permissions
     (``tempfile.mkdtemp`` would make it 0700, and the swap would pass that on to the results)."""
     for _ in range(100):
-        path = final.with_name(f".{final.name}.kvplan-{kind}-{secrets.token_hex(_TOKEN_HEX // 2)}")
+        path = final.with_name(f".{final.name}.kvplan-{kind}-{_token()}")
         try:
             path.mkdir()
             return path
@@ -245,7 +250,7 @@ def _make_sibling(final: Path, kind: str, shown: str) -> Path:
 
 
 def _aside_name(final: Path) -> Path:
-    return final.with_name(f".{final.name}.kvplan-old-{secrets.token_hex(_TOKEN_HEX // 2)}")
+    return final.with_name(f".{final.name}.kvplan-old-{_token()}")
 
 
 # --- swap and recovery ----------------------------------------------------------------------------

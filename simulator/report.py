@@ -9,13 +9,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
-
 from simulator.outputs import replace_file
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
+    from rich.console import Console
+    from rich.table import Table
 
 
 def clean_json(value: Any) -> Any:
@@ -96,6 +95,8 @@ def _ms(stats: dict[str, float | None], key: str) -> str:
 
 def summary_table(summary: dict[str, dict[str, Any]], title: str) -> Table:
     """Metrics down, allocators across: the numbers a capacity planner reads first."""
+    from rich.table import Table  # printed tables only: --quiet runs never import rich
+
     table = Table(title=title, title_justify="left")
     table.add_column("", justify="left")
     for alloc in summary:

@@ -75,6 +75,7 @@ at a time would have queued it — so they keep quiet runs, with identical resul
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -82,7 +83,6 @@ from typing import Protocol
 
 from simulator.kv.allocator import KVAllocator
 from simulator.kv.prefix import block_hashes
-from simulator.kv.radix import RadixTokenPool, token_key
 from simulator.scheduler import Scheduler
 from workloads.request import Request
 
@@ -177,10 +177,12 @@ def cached_prompt_tokens(alloc: KVAllocator, request: Request) -> int:
     paged allocator, 0 for an allocator without a prefix cache."""
     if not request.prefix_ids:
         return 0
-    if isinstance(alloc, RadixTokenPool):
+    # SGLang's pool: its module is loaded wherever one exists, so a run without one never imports it
+    radix = sys.modules.get("simulator.kv.radix")
+    if radix is not None and isinstance(alloc, radix.RadixTokenPool):
         if not alloc.enable_prefix_caching:
             return 0
-        key = token_key(request.prefix_ids, request.prefix_block_tokens, request.prompt_tokens,
+        key = radix.token_key(request.prefix_ids, request.prefix_block_tokens, request.prompt_tokens,
                         request.request_id)
         return alloc.tree.peek(key, request.prompt_tokens - 1)[0]
     block_size = getattr(alloc, "block_size", 0)

@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from simulator import metrics, report
 from simulator.deployment import Deployment, build_deployment
@@ -30,6 +28,7 @@ from workloads.synthetic import ModelLenFit, fit_to_max_model_len
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
+    from rich.progress import Progress
 
 
 # What simulate wrote before its folders carried outputs.MARKER: such a folder may be replaced.
@@ -154,8 +153,13 @@ def run_allocator(dep: Deployment, allocator: str, requests: list[Request], *,
 
 
 def make_progress(quiet: bool) -> Progress | None:
+    """A progress bar on a terminal's stderr; None with ``quiet`` or when stderr is no terminal
+    (rich is imported only for a bar or the printed table: a quiet run never loads it)."""
     if quiet or not sys.stderr.isatty():
         return None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     return Progress(TextColumn("[bold]{task.description:>18}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("requests"), TimeElapsedColumn(), console=Console(stderr=True),
                     transient=False)
@@ -198,6 +202,8 @@ def run_simulate(path: str, *, out: str | None, overrides: dict[str, object], qu
         summary = {r.name: r.summary for r in runs}
         write_outputs(folder.staging, scenario, dep, runs, plots=plots, deployments=deps)
     if not quiet:
+        from rich.console import Console
+
         console = Console() if sys.stdout.isatty() else Console(width=120)  # pipes: no 80-col wrap
         report.print_summary(console, summary, dep.describe(), scenario.name, out_dir,
                              engines=[d.describe() for d in deps.values()] if several else None)

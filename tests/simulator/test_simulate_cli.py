@@ -394,7 +394,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_building_the_parser_imports_no_command_implementation():
-    """Every run builds the whole parser (simulator/cli.py's docstring): it must not import a
+    """``kvplan --help`` builds the whole parser (simulator/cli.py's docstring): it must not import a
     command's implementation, nor the libraries that only running one needs. A fresh interpreter
     is the only honest place to look (this one has imported everything already)."""
     code = ("import sys; from simulator.cli import build_parser; build_parser(); "
