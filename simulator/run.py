@@ -22,7 +22,7 @@ from simulator.saturation import saturation
 from simulator.scenario import Scenario, canonical_allocator, load_scenario
 from simulator.steps import DEFAULT_BIN_S, STEP_COLUMNS
 from workloads.clients import OPEN_LOOP, Clients
-from workloads.request import Request
+from workloads.request import Request, cyclic_gc_paused
 from workloads.spec import build_requests
 from workloads.synthetic import ModelLenFit, fit_to_max_model_len
 
@@ -138,17 +138,21 @@ def run_allocator(dep: Deployment, allocator: str, requests: list[Request], *,
         if progress is not None and task is not None:
             progress.advance(task, count)
 
-    result = simulate(requests, dep.replica_factory(allocator), dep.latency,
-                      num_replicas=dep.scenario.num_replicas, clients=clients, record_steps=record_steps,
-                      step_bin_s=step_bin_s,
-                      on_progress=advance if progress is not None else None,
-                      router=dep.scenario.router.config())
-    columns = metrics.request_columns(result)
-    summary = metrics.summarize(result, columns, None, dep.capacity_tokens)
-    if dep.scenario.num_replicas > 1:
-        summary["requests_per_replica"] = requests_per_replica(result.times.replica,  # type: ignore[attr-defined]
-                                                               dep.scenario.num_replicas)
-    summary.update(saturation(result, columns).as_dict())
+    # The run's groups and times are millions of acyclic objects on a big trace: the cyclic
+    # collector would rescan them all again and again while the metrics are computed (the
+    # engine pauses it during the simulation itself), so it is paused until the summary is done.
+    with cyclic_gc_paused():
+        result = simulate(requests, dep.replica_factory(allocator), dep.latency,
+                          num_replicas=dep.scenario.num_replicas, clients=clients,
+                          record_steps=record_steps, step_bin_s=step_bin_s,
+                          on_progress=advance if progress is not None else None,
+                          router=dep.scenario.router.config())
+        columns = metrics.request_columns(result)
+        summary = metrics.summarize(result, columns, None, dep.capacity_tokens)
+        if dep.scenario.num_replicas > 1:
+            summary["requests_per_replica"] = requests_per_replica(result.times.replica,  # type: ignore[attr-defined]
+                                                                   dep.scenario.num_replicas)
+        summary.update(saturation(result, columns).as_dict())
     return AllocatorRun(name, result, columns, summary)
 
 
