@@ -99,7 +99,7 @@ from simulator.kv.hybrid import HybridPagedAllocator
 from simulator.kv.paged import PagedAllocator
 from simulator.plan import PrefillChunk, StepPlan
 from simulator.scheduler.config import SchedulerConfig
-from simulator.scheduler.core import _GROW, Scheduler
+from simulator.scheduler.core import Scheduler
 from simulator.scheduler.state import Group, Status, StepOutcome
 from workloads.request import Request
 
@@ -239,29 +239,9 @@ class V1Scheduler(Scheduler):
             if pending is not None:
                 free = self.alloc.free_blocks_for_growth()
                 if len(pending) <= free:  # the common case: no list built, no sort
-                    grow, events = self.alloc.grow, self._events
-                    for kind, g, epoch, token in pending:
-                        if g.epoch != epoch or g.status is not decoding or token != g.grow_token:
-                            continue
-                        seqs = g.seq_ids
-                        if len(seqs) > 1 or kind != _GROW:
+                    for _, g, epoch, token in pending:
+                        if g.epoch == epoch and g.status is decoding and token == g.grow_token:
                             self._grow(g, d)
-                            continue
-                        # _grow's single-sequence path, inlined (the hot path of every block
-                        # boundary stepped one at a time); a growth the free blocks cover
-                        base = g.anchor_counter - g.anchor_len  # the counter at KV length 0
-                        room = grow(seqs[0], d - base + 1)
-                        if room is None:  # cannot happen with a block free per growth; _grow copes
-                            self._grow(g, d)
-                            continue
-                        token = g.grow_token = token + 1
-                        due = d + room
-                        if due < base + g.final_tokens:
-                            later = events.get(due)
-                            if later is None:
-                                events[due] = [(_GROW, g, epoch, token)]
-                            else:
-                                later.append((_GROW, g, epoch, token))
                 else:
                     grows = [g for _, g, epoch, token in pending
                              if g.epoch == epoch and g.status is decoding and token == g.grow_token]
