@@ -489,7 +489,8 @@ def _finish(requests: list[Request], num: int | None, spec: WorkloadSpec) -> lis
     if spec.n != 1 or spec.beam_width != 1:
         for i, r in enumerate(requests):
             requests[i] = Request(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens,
-                                  spec.n, spec.beam_width, r.prefix_ids, r.prefix_block_tokens)
+                                  spec.n, spec.beam_width, r.prefix_ids, r.prefix_block_tokens,
+                                  r.kv_ready_tokens)
     return requests
 
 

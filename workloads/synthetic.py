@@ -282,7 +282,7 @@ def _renumbered(requests: Sequence[Request], time_factor: float = 1.0) -> list[R
     first_s = requests[0].arrival_s if requests else 0.0
     return [
         Request(i, (r.arrival_s - first_s) * time_factor, r.prompt_tokens, r.output_tokens,
-                r.n, r.beam_width, r.prefix_ids, r.prefix_block_tokens)
+                r.n, r.beam_width, r.prefix_ids, r.prefix_block_tokens, r.kv_ready_tokens)
         for i, r in enumerate(requests)
     ]
 
@@ -291,7 +291,7 @@ def untimed(requests: Iterable[Request]) -> list[Request]:
     """The same requests, in the same order, all arriving at 0.0 (see :func:`untimed_arrivals_s`)."""
     return [r if r.arrival_s == 0.0 else
             Request(r.request_id, 0.0, r.prompt_tokens, r.output_tokens, r.n, r.beam_width,
-                    r.prefix_ids, r.prefix_block_tokens)
+                    r.prefix_ids, r.prefix_block_tokens, r.kv_ready_tokens)
             for r in requests]
 
 
@@ -373,7 +373,7 @@ def slice_requests(
             if not kept:
                 first_s = arrival_s
             kept.append(Request(len(kept), arrival_s - first_s, r.prompt_tokens, r.output_tokens,
-                                r.n, r.beam_width, r.prefix_ids, r.prefix_block_tokens))
+                                r.n, r.beam_width, r.prefix_ids, r.prefix_block_tokens, r.kv_ready_tokens))
             if len(kept) >= limit:
                 break
     if not kept:
@@ -461,7 +461,7 @@ def fit_to_max_model_len(requests: Sequence[Request], max_model_len: int,
         if r.output_tokens > room_tokens:
             num_truncated += 1
             r = Request(r.request_id, r.arrival_s, r.prompt_tokens, room_tokens, r.n,
-                        r.beam_width, r.prefix_ids, r.prefix_block_tokens)
+                        r.beam_width, r.prefix_ids, r.prefix_block_tokens, r.kv_ready_tokens)
         kept.append(r)
     if not kept:
         raise KvplanError(

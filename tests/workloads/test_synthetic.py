@@ -190,3 +190,26 @@ def test_fit_to_max_model_len() -> None:
         (0, 0.0, 100, 50), (1, 2.0, 150, 50)]
     with pytest.raises(KvplanError, match="every prompt of the workload is longer"):
         fit_to_max_model_len(requests, 50)
+
+
+def test_request_transformations_keep_every_field() -> None:
+    """Rescaling, slicing, untiming and the max_model_len policy rebuild requests: every field
+    they do not change is carried over, ``kv_ready_tokens`` (KV computed elsewhere) included."""
+    from workloads.synthetic import fit_to_max_model_len, scale_rate, slice_requests, untimed
+
+    requests = [Request(i, 0.5 * i, 100 + i, 50, 2, 1, (7, 8), 16, 64) for i in range(4)]
+
+    def kept(rs: list[Request]) -> None:
+        assert [(r.n, r.beam_width, r.prefix_ids, r.prefix_block_tokens, r.kv_ready_tokens)
+                for r in rs] == [(2, 1, (7, 8), 16, 64)] * len(rs)
+
+    kept(scale_rate(requests, 2.0))
+    kept(slice_requests(requests, start_s=0.5))
+    kept(untimed(requests))
+    fit = fit_to_max_model_len(requests, 151, "truncate")  # the longest two lose output tokens
+    assert [r.output_tokens for r in fit.requests] == [50, 50, 49, 48]
+    kept(fit.requests)
+    # prompts of 102 and 103 tokens leave no room in 102: dropped, the survivors renumbered
+    survivors = fit_to_max_model_len(requests, 102, "truncate").requests
+    assert [(r.request_id, r.output_tokens) for r in survivors] == [(0, 2), (1, 1)]
+    kept(survivors)
