@@ -17,7 +17,9 @@ load hits both alike):
   check, the whole command, wall and CPU seconds and peak memory (skipped with ``--quick``).
 
 Every run checks that both ways gave the same per-request times; the table prints the ratio and
-the load average.
+the load average. A second table times each whole command as installed (the hot modules
+compiled: :mod:`simulator.compiled`) against the same command run from source
+(``KVPLAN_PURE_PYTHON=1``), alternately, and checks that both wrote the same requests.csv.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from simulator.compiled import PURE_ENV, describe  # noqa: E402
 from simulator.deployment import build_deployment  # noqa: E402
 from simulator.engine import simulate  # noqa: E402
 from simulator.scenario import load_scenario  # noqa: E402
@@ -84,15 +87,33 @@ def engine_seconds(path: Path, macro: bool) -> tuple[float, int, list[tuple]]:
     return secs, result.totals().num_steps, times
 
 
-def command_seconds(path: Path, out: Path) -> tuple[float, float]:
-    """CPU seconds and peak MiB of ``kvplan simulate PATH --no-plots`` in a fresh process."""
+def command_seconds(path: Path, out: Path, *, source: bool = False) -> tuple[float, float]:
+    """CPU seconds and peak MiB of ``kvplan simulate PATH --no-plots`` in a fresh process, as
+    installed or (``source``) with every module run from its source."""
     cmd = [sys.executable, "-m", "simulator.cli", "simulate", str(path), "--out", str(out),
            "--no-plots", "--quiet"]
-    proc = subprocess.Popen(cmd, cwd=ROOT)
+    env = {k: v for k, v in os.environ.items() if k != PURE_ENV}
+    if source:
+        env[PURE_ENV] = "1"
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
     if status != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({status})")
     return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+
+
+def both_builds(path: Path, folder: Path, repeats: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The whole command as installed and from source, alternately, the best of ``repeats`` each:
+    ((CPU s, peak MiB) built, (CPU s, peak MiB) from source). Both must write the same requests."""
+    best = {False: (float("inf"), 0.0), True: (float("inf"), 0.0)}
+    for _ in range(repeats):
+        for source in (True, False):
+            secs, peak = command_seconds(path, folder / f"out-{source}", source=source)
+            if secs < best[source][0]:
+                best[source] = (secs, peak)
+    if (folder / "out-True" / "requests.csv").read_bytes() != (folder / "out-False" / "requests.csv").read_bytes():
+        raise SystemExit(f"{path.name}: the compiled modules changed requests.csv")
+    return best[False], best[True]
 
 
 def main() -> int:
@@ -108,6 +129,7 @@ def main() -> int:
     engines = args.engine or list(ENGINES)
     load_before = os.getloadavg()
     rows = []
+    builds = []  # (run, (source CPU s, peak MiB), (built CPU s, peak MiB))
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for engine, scale in ((e, x) for e in engines for x in (1.0, 0.5)):
@@ -122,17 +144,19 @@ def main() -> int:
                     best[macro] = min(best[macro], secs)
             if times[True] != times[False]:
                 raise SystemExit(f"azure {scale}x, {engine}: quiet runs changed the per-request times")
-            cli = min(command_seconds(path, folder / "out")[0] for _ in range(args.repeats))
+            cli, cli_source = both_builds(path, folder, args.repeats)
             rows.append((f"azure-conv {scale:g}x {engine}, engine", steps, best[False], best[True], None))
-            rows.append((f"azure-conv {scale:g}x {engine}, kvplan simulate", steps, None, cli, None))
+            rows.append((f"azure-conv {scale:g}x {engine}, kvplan simulate", steps, None, cli[0], None))
+            builds.append((f"azure-conv {scale:g}x {engine}, kvplan simulate", cli_source, cli))
         for replicas in () if args.quick else (args.scale_replicas or [4, 64]):
             path = folder / f"synthetic-{replicas}.yaml"
             path.write_text(SYNTHETIC.format(n=args.synthetic, replicas=replicas, rate=15.0 * replicas))
             wall = time.perf_counter()
-            secs, peak = command_seconds(path, folder / "out")
+            (secs, peak), source = both_builds(path, folder, 1)
             wall = time.perf_counter() - wall
-            rows.append((f"synthetic {args.synthetic:,}, {replicas} replicas vllm-v1, kvplan simulate "
-                         f"({wall:.0f} s wall)", None, None, secs, peak))
+            name = f"synthetic {args.synthetic:,}, {replicas} replicas vllm-v1, kvplan simulate"
+            rows.append((f"{name} ({wall:.0f} s wall, both builds)", None, None, secs, peak))
+            builds.append((name, source, (secs, peak)))
     load_after = os.getloadavg()
     print(f"{'run':<68} {'steps':>9} {'1 step (s)':>10} {'quiet (s)':>10} {'ratio':>7} {'peak MiB':>9}")
     for name, steps, single, quiet, peak in rows:
@@ -144,6 +168,13 @@ def main() -> int:
     print(f"CPU seconds (user + system), best of {args.repeats}; the per-request times are equal both "
           f"ways. Load average {load_before[0]:.2f} before, {load_after[0]:.2f} after, on "
           f"{os.cpu_count()} CPUs.")
+    print()
+    print(f"{'whole command':<68} {'source (s)':>10} {'built (s)':>10} {'ratio':>7} {'MiB src':>8} "
+          f"{'MiB blt':>8}")
+    for name, (src, src_peak), (built, peak) in builds:
+        print(f"{name:<68} {src:>10.2f} {built:>10.2f} {src / built:>6.2f}x {src_peak:>8.0f} {peak:>8.0f}")
+    print(f"Built: {describe()}. Source: {PURE_ENV}=1. The two ran alternately and wrote the same "
+          "requests.csv.")
     return 0
 
 
