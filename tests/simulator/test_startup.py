@@ -51,3 +51,23 @@ def test_full_parser_still_lists_every_command():
     assert commands_of(build_parser("export")) == ["export"]
     with pytest.raises(ValueError, match="not a built-in command"):
         build_parser("calibrate")  # a backend command: only the whole parser has it
+
+
+def test_a_program_leaves_its_objects_to_the_os_but_a_call_does_not():
+    """Run as a program, ``main`` freezes the garbage collector's objects just before the process
+    exits (the last collection would walk them all); called from Python it must not."""
+    import gc
+
+    from simulator.cli import main
+
+    frozen = gc.get_freeze_count()
+    assert main(["size", "--model", "llama-2-7b", "--json"]) == 0
+    assert gc.get_freeze_count() == frozen
+    code = ("import atexit, gc, sys\n"
+            "atexit.register(lambda: print('frozen', gc.get_freeze_count(), file=sys.stderr))\n"
+            "sys.argv = ['kvplan', 'size', '--model', 'llama-2-7b', '--json']\n"
+            "import simulator.cli\n"
+            "sys.exit(simulator.cli.main())\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0 and '"model"' in done.stdout, done.stderr
+    assert int(done.stderr.split("frozen")[-1]) > 0  # exit handlers still ran
