@@ -4,7 +4,7 @@
 Compiled, they run the *same source*: Cython keeps Python's semantics (setup.py turns off the
 one directive that would not: typing variables from their annotations), so every output is the
 same, bit for bit, only faster; where the build cannot compile (no C compiler), the modules
-run as plain Python. tests/test_compiled.py runs bundled scenarios both ways and compares
+run as plain Python. tests/simulator/test_compiled.py runs bundled scenarios both ways and compares
 the files byte for byte; ``python benchmarks/simulate.py`` times both in the same run.
 
 An editable install puts the compiled modules next to their sources, so an edited source would
