@@ -58,7 +58,9 @@ def extensions() -> list[Extension]:
     except ImportError:  # built without build isolation and without Cython: plain Python
         return []
     modules = [Extension(m, [str(source_of(m))]) for m in HOT_MODULES]
-    built = cythonize(modules, build_dir="build/cython", quiet=True,
+    # force: translate every source again (2 s), never trust a .c file by its timestamp, so the
+    # digests recorded below are those of the sources that were compiled
+    built = cythonize(modules, build_dir="build/cython", quiet=True, force=True,
                       compiler_directives={"language_level": 3, "annotation_typing": False})
     for ext in built:
         ext.optional = True  # no compiler: a warning, and the module runs from its source
