@@ -113,7 +113,8 @@ def both_builds(path: Path, folder: Path, repeats: int) -> tuple[tuple[float, fl
             secs, peak = command_seconds(path, folder / f"out-{source}", source=source)
             if secs < best[source][0]:
                 best[source] = (secs, peak)
-    if (folder / "out-True" / "requests.csv").read_bytes() != (folder / "out-False" / "requests.csv").read_bytes():
+    written = [(folder / f"out-{source}" / "requests.csv").read_bytes() for source in (True, False)]
+    if written[0] != written[1]:
         raise SystemExit(f"{path.name}: the compiled modules changed requests.csv")
     return best[False], best[True]
 

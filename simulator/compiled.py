@@ -20,8 +20,9 @@ import os
 import sys
 from pathlib import Path
 
-# Modules compiled by setup.py (the per-step path of every serving engine): module name -> source
-# path relative to the repository root.
+# Modules compiled by setup.py: the per-step path of every serving engine (the scheduler, the
+# allocators it drives, the step log, the latency models and the engine loop). A module not here
+# (the workloads, metrics, writers, contiguous and hybrid allocators) always runs from source.
 HOT_MODULES = (
     "simulator.engine",
     "simulator.steps",
