@@ -151,6 +151,8 @@ def _percent(value: float | None) -> str:
 
 def add_fidelity_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``fidelity`` subcommand: real engine vs simulator on one scenario."""
+    from simulator.outputs import add_replace_arg
+
     p = subparsers.add_parser(
         "fidelity", help="replay a scenario on the real engine and in the simulator; compare",
         description="Calibrate this device (or take --profile), serve the scenario's trace on the real "
@@ -166,6 +168,7 @@ def add_fidelity_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
     p.add_argument("--num-requests", type=int, help="use the first N requests")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
     p.add_argument("--out", help="output folder (default: runs/<scenario>-fidelity/)")
+    add_replace_arg(p)
     p.add_argument("--force", action="store_true", help="accept a profile measured for another setup")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress and no table")
     p.set_defaults(func=run_fidelity_cmd)
@@ -179,7 +182,8 @@ def run_fidelity_cmd(args: argparse.Namespace) -> int:
     overrides = scenario_overrides(num_requests=args.num_requests, extra=args.set)
     opts = FidelityOptions(scenario=args.scenario, device=args.device, profile=args.profile,
                            repeats=args.repeats, out=args.out, force=args.force,
-                           quick_calibrate=args.quick_calibrate, threads=args.threads, overrides=overrides)
+                           quick_calibrate=args.quick_calibrate, threads=args.threads, overrides=overrides,
+                           replace=args.replace)
     say = (lambda msg: print(f"fidelity: {msg} ...", file=sys.stderr)) if not args.quiet else None
     result = run_fidelity(opts, on_stage=say)
     code, why = fidelity_exit_code(result.report)

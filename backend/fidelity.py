@@ -60,7 +60,7 @@ from simulator.latency.profile import (
     mape,
     read_profile,
 )
-from simulator.outputs import OutputFolder, default_out_dir, open_output
+from simulator.outputs import OutputFolder, RunSource, default_out_dir, open_output, shown_run
 from simulator.report import write_csv, write_json
 from simulator.run import load_workload
 from simulator.scenario import load_scenario
@@ -83,6 +83,7 @@ class FidelityOptions:
     quick_calibrate: bool = False
     threads: int | None = None
     overrides: dict[str, object] | None = None
+    replace: bool = False  # write over a folder holding a run of another scenario
 
 
 @dataclass
@@ -181,7 +182,12 @@ def run_fidelity(opts: FidelityOptions, *, on_stage=None) -> FidelityReport:  # 
     given = _profile(opts, dep, device, out_dir) if opts.profile else None  # checked before any writing
     # Locked from here: a second run into out_dir is refused; the results (the calibrated
     # profile.yaml among them) replace the folder once all are written (simulator/outputs.py).
-    with open_output(out_dir, command="fidelity", recognised=FIDELITY_FILES) as folder:
+    source = RunSource.of("fidelity", [opts.scenario], {"scenario": scenario.model_dump(mode="json"),
+                                                         "device": opts.device, "repeats": opts.repeats,
+                                                         "profile": opts.profile},
+                          shown_run(opts.scenario, opts.overrides))
+    with open_output(out_dir, command="fidelity", recognised=FIDELITY_FILES, source=source,
+                     replace=opts.replace) as folder:
         return _measure(opts, scenario, base, dep, device, folder, given, on_stage)
 
 

@@ -20,11 +20,17 @@ Every run checks that both ways gave the same per-request times; the table print
 the load average. A second table times each whole command as installed (the hot modules
 compiled: :mod:`simulator.compiled`) against the same command run from source
 (``KVPLAN_PURE_PYTHON=1``), alternately, and checks that both wrote the same requests.csv.
+
+Each case says on stderr when it starts and what it measured when it ends (with the load
+average then), and its rows are appended to ``--save`` (JSON lines; default
+``runs/benchmarks/simulate.jsonl``) as they come: a run stopped with Ctrl-C keeps every case it
+finished, and prints their tables before it exits.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -110,13 +116,73 @@ def both_builds(path: Path, folder: Path, repeats: int) -> tuple[tuple[float, fl
     best = {False: (float("inf"), 0.0), True: (float("inf"), 0.0)}
     for _ in range(repeats):
         for source in (True, False):
-            secs, peak = command_seconds(path, folder / f"out-{source}", source=source)
+            secs, peak = command_seconds(path, folder / f"out-{path.stem}-{source}", source=source)
             if secs < best[source][0]:
                 best[source] = (secs, peak)
-    written = [(folder / f"out-{source}" / "requests.csv").read_bytes() for source in (True, False)]
+    written = [(folder / f"out-{path.stem}-{source}" / "requests.csv").read_bytes() for source in (True, False)]
     if written[0] != written[1]:
         raise SystemExit(f"{path.name}: the compiled modules changed requests.csv")
     return best[False], best[True]
+
+
+class Results:
+    """The rows measured so far: said on stderr and appended to ``save`` as each comes, so that
+    nothing finished is lost to a Ctrl-C; :meth:`print_tables` prints them all."""
+
+    def __init__(self, save: Path, repeats: int) -> None:
+        self.save = save
+        self.repeats = repeats
+        self.rows: list[tuple] = []  # (run, steps, 1 step s, quiet s, peak MiB)
+        self.builds: list[tuple] = []  # (run, (source CPU s, peak MiB), (built CPU s, peak MiB))
+        self.load_before = os.getloadavg()
+        save.parent.mkdir(parents=True, exist_ok=True)
+
+    def _append(self, record: dict) -> None:
+        record = {**record, "load_1min": round(os.getloadavg()[0], 2), "repeats": self.repeats,
+                  "build": describe(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        with open(self.save, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def row(self, name: str, steps: int | None, single: float | None, quiet: float, peak: float | None) -> None:
+        self.rows.append((name, steps, single, quiet, peak))
+        self._append({"run": name, "steps": steps, "one_step_cpu_s": single, "quiet_cpu_s": quiet,
+                      "peak_mib": peak})
+        ratio = f", {single / quiet:.2f}x" if single else ""
+        say(f"  {name}: {quiet:.2f} s CPU{ratio} (load {os.getloadavg()[0]:.2f})")
+
+    def build(self, name: str, source: tuple[float, float], built: tuple[float, float]) -> None:
+        self.builds.append((name, source, built))
+        self._append({"run": name, "source_cpu_s": source[0], "built_cpu_s": built[0],
+                      "source_peak_mib": source[1], "built_peak_mib": built[1]})
+        say(f"  {name}: source {source[0]:.2f} s, built {built[0]:.2f} s, "
+            f"{source[0] / built[0]:.2f}x (load {os.getloadavg()[0]:.2f})")
+
+    def print_tables(self, *, finished: bool) -> None:
+        load_after = os.getloadavg()
+        print(f"{'run':<68} {'steps':>9} {'1 step (s)':>10} {'quiet (s)':>10} {'ratio':>7} {'peak MiB':>9}")
+        for name, steps, single, quiet, peak in self.rows:
+            cells = [f"{steps:>9,}" if steps else " " * 9,
+                     f"{single:>10.2f}" if single else " " * 10, f"{quiet:>10.2f}",
+                     f"{single / quiet:>6.2f}x" if single else " " * 7,
+                     f"{peak:>9.0f}" if peak else ""]
+            print(f"{name:<68} " + " ".join(cells))
+        print(f"CPU seconds (user + system), best of {self.repeats}; the per-request times are equal both "
+              f"ways. Load average {self.load_before[0]:.2f} before, {load_after[0]:.2f} after, on "
+              f"{os.cpu_count()} CPUs.")
+        print()
+        print(f"{'whole command':<68} {'source (s)':>10} {'built (s)':>10} {'ratio':>7} {'MiB src':>8} "
+              f"{'MiB blt':>8}")
+        for name, (src, src_peak), (built, peak) in self.builds:
+            print(f"{name:<68} {src:>10.2f} {built:>10.2f} {src / built:>6.2f}x {src_peak:>8.0f} {peak:>8.0f}")
+        print(f"Built: {describe()}. Source: {PURE_ENV}=1. The two ran alternately and wrote the same "
+              "requests.csv.")
+        if not finished:
+            print("Interrupted: the cases above are those that finished.")
+        print(f"Rows saved in {self.save}.")
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def main() -> int:
@@ -128,16 +194,33 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2, help="runs of each way (the best counts)")
     ap.add_argument("--engine", action="append", choices=ENGINES,
                     help="serving engine of the Azure runs (repeatable; default: all)")
+    ap.add_argument("--save", type=Path, default=ROOT / "runs" / "benchmarks" / "simulate.jsonl",
+                    help="append each measured row here as it comes (JSON lines)")
     args = ap.parse_args()
     engines = args.engine or list(ENGINES)
-    load_before = os.getloadavg()
-    rows = []
-    builds = []  # (run, (source CPU s, peak MiB), (built CPU s, peak MiB))
+    results = Results(args.save, args.repeats)
+    try:
+        measure(args, engines, results)
+    except KeyboardInterrupt:
+        say("interrupted")
+        results.print_tables(finished=False)
+        return 130
+    results.print_tables(finished=True)
+    return 0
+
+
+def measure(args: argparse.Namespace, engines: list[str], results: Results) -> None:
+    """Every case of the module docstring, each row handed to ``results`` as it is measured."""
+    cases = [(e, x) for e in engines for x in (1.0, 0.5)]
+    scale = [] if args.quick else (args.scale_replicas or [4, 64])
+    total = len(cases) + len(scale)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        for engine, scale in ((e, x) for e in engines for x in (1.0, 0.5)):
-            path = folder / f"azure-{engine}-{scale}.yaml"
-            path.write_text(AZURE.format(scale=scale, engine=engine))
+        for i, (engine, scale_x) in enumerate(cases, 1):
+            say(f"[{i}/{total}] azure-conv {scale_x:g}x {engine}: the engine both ways, then the whole "
+                f"command both builds, {args.repeats} repeats each")
+            path = folder / f"azure-{engine}-{scale_x}.yaml"
+            path.write_text(AZURE.format(scale=scale_x, engine=engine))
             best = {True: float("inf"), False: float("inf")}
             times: dict[bool, list[tuple]] = {}
             steps = 0
@@ -146,39 +229,22 @@ def main() -> int:
                     secs, steps, times[macro] = engine_seconds(path, macro)
                     best[macro] = min(best[macro], secs)
             if times[True] != times[False]:
-                raise SystemExit(f"azure {scale}x, {engine}: quiet runs changed the per-request times")
+                raise SystemExit(f"azure {scale_x}x, {engine}: quiet runs changed the per-request times")
+            results.row(f"azure-conv {scale_x:g}x {engine}, engine", steps, best[False], best[True], None)
             cli, cli_source = both_builds(path, folder, args.repeats)
-            rows.append((f"azure-conv {scale:g}x {engine}, engine", steps, best[False], best[True], None))
-            rows.append((f"azure-conv {scale:g}x {engine}, kvplan simulate", steps, None, cli[0], None))
-            builds.append((f"azure-conv {scale:g}x {engine}, kvplan simulate", cli_source, cli))
-        for replicas in () if args.quick else (args.scale_replicas or [4, 64]):
+            results.row(f"azure-conv {scale_x:g}x {engine}, kvplan simulate", steps, None, cli[0], None)
+            results.build(f"azure-conv {scale_x:g}x {engine}, kvplan simulate", cli_source, cli)
+        for i, replicas in enumerate(scale, len(cases) + 1):
+            say(f"[{i}/{total}] synthetic {args.synthetic:,} requests on {replicas} replicas, the whole "
+                "command both builds (minutes)")
             path = folder / f"synthetic-{replicas}.yaml"
             path.write_text(SYNTHETIC.format(n=args.synthetic, replicas=replicas, rate=15.0 * replicas))
             wall = time.perf_counter()
             (secs, peak), source = both_builds(path, folder, 1)
             wall = time.perf_counter() - wall
             name = f"synthetic {args.synthetic:,}, {replicas} replicas vllm-v1, kvplan simulate"
-            rows.append((f"{name} ({wall:.0f} s wall, both builds)", None, None, secs, peak))
-            builds.append((name, source, (secs, peak)))
-    load_after = os.getloadavg()
-    print(f"{'run':<68} {'steps':>9} {'1 step (s)':>10} {'quiet (s)':>10} {'ratio':>7} {'peak MiB':>9}")
-    for name, steps, single, quiet, peak in rows:
-        cells = [f"{steps:>9,}" if steps else " " * 9,
-                 f"{single:>10.2f}" if single else " " * 10, f"{quiet:>10.2f}",
-                 f"{single / quiet:>6.2f}x" if single else " " * 7,
-                 f"{peak:>9.0f}" if peak else ""]
-        print(f"{name:<68} " + " ".join(cells))
-    print(f"CPU seconds (user + system), best of {args.repeats}; the per-request times are equal both "
-          f"ways. Load average {load_before[0]:.2f} before, {load_after[0]:.2f} after, on "
-          f"{os.cpu_count()} CPUs.")
-    print()
-    print(f"{'whole command':<68} {'source (s)':>10} {'built (s)':>10} {'ratio':>7} {'MiB src':>8} "
-          f"{'MiB blt':>8}")
-    for name, (src, src_peak), (built, peak) in builds:
-        print(f"{name:<68} {src:>10.2f} {built:>10.2f} {src / built:>6.2f}x {src_peak:>8.0f} {peak:>8.0f}")
-    print(f"Built: {describe()}. Source: {PURE_ENV}=1. The two ran alternately and wrote the same "
-          "requests.csv.")
-    return 0
+            results.row(f"{name} ({wall:.0f} s wall, both builds)", None, None, secs, peak)
+            results.build(name, source, (secs, peak))
 
 
 if __name__ == "__main__":

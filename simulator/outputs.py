@@ -29,6 +29,18 @@ starts, and removes staging folders left by dead runs.
 A folder is replaced only if kvplan wrote it (it holds :data:`MARKER`, or a file the command is
 known to write), or it is empty: ``--out`` pointing at a folder of other files is an error, never
 a deletion.
+
+**Whose run a folder holds.** The marker records what the run was a run *of* (a
+:class:`RunSource`: the command and its input file, and a digest of the settings that shaped
+it). A re-run of the same input replaces the folder; when its settings differ (the scenario file
+was edited, other ``--set`` overrides) a one-line warning names both before the run starts. A run
+of a *different* input (another scenario file with the same ``name:``, another command) is
+refused, naming both, unless the command is given ``--replace``: one scenario's results never
+disappear under another's without a word. Refusing was chosen over a warning because the warning
+is read after the files are gone.
+
+**Folders inside a folder.** A kvplan folder written *inside* another (``--out runs/chat/mine``)
+is a separate output: the outer folder's re-run carries it over, as it carries the kept entries.
 """
 
 from __future__ import annotations
@@ -43,12 +55,70 @@ import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from simulator.errors import KvplanError
+from simulator.errors import KvplanError, warn_user
 
 RUNS_DIR = Path("runs")
 MARKER = ".kvplan-output"  # in every folder open_output wrote: it may be replaced by a re-run
 _TOKEN_HEX = 8  # random hex digits in a staging/aside folder's name
+
+
+@dataclass(frozen=True, slots=True)
+class RunSource:
+    """What a results folder holds a run *of* (module docstring).
+
+    ``command`` and ``inputs`` (the resolved paths of its input files or folders; none for a
+    command that reads only its own data) identify the input; ``settings`` is a digest of
+    everything else that shaped the run (the resolved scenario, the flags); ``shown`` names the
+    run for messages (``scenarios/chat.yaml --set block_size=32``)."""
+
+    command: str
+    inputs: tuple[str, ...]
+    settings: str
+    shown: str
+
+    @classmethod
+    def of(cls, command: str, inputs: Sequence[str | Path], settings: object, shown: str) -> RunSource:
+        """The source of a ``command`` run on ``inputs`` with ``settings`` (anything JSON can
+        write: the resolved scenario, a dict of flags)."""
+        import hashlib
+
+        text = json.dumps(settings, sort_keys=True, default=str, separators=(",", ":"))
+        return cls(command, tuple(_resolved_text(Path(p)) for p in inputs),
+                   hashlib.sha256(text.encode()).hexdigest()[:16], shown)
+
+    def record(self) -> dict[str, object]:
+        """The marker's fields (:func:`_write_marker`)."""
+        return {"inputs": list(self.inputs), "settings": self.settings, "shown": self.shown}
+
+
+def recorded_inputs(folder: str | Path) -> list[str] | None:
+    """The input paths of the run a kvplan folder holds, as its marker records them (None: not
+    recorded, or not a kvplan folder): ``kvplan export runs/chat`` is an export of the scenario
+    file that run was a run of."""
+    marker = _read_marker(Path(folder))
+    inputs = marker.get("inputs") if marker else None
+    if isinstance(inputs, list) and inputs and all(isinstance(p, str) for p in inputs):
+        return inputs
+    return None
+
+
+def shown_run(path: str | Path, overrides: dict[str, object] | None = None) -> str:
+    """``path`` and its dotted-key overrides as a command line would give them, for messages:
+    ``scenarios/chat.yaml --set block_size=32``."""
+    words = [str(path)]
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            words.append(f"--set {key}={json.dumps(value) if not isinstance(value, str) else value}")
+    return " ".join(words)
+
+
+def _resolved_text(path: Path) -> str:
+    try:
+        return str(path.expanduser().resolve())
+    except (OSError, RuntimeError):
+        return str(path)
 
 
 def _token() -> str:
@@ -83,6 +153,13 @@ class OutputFolder:
             return Path(path)
 
 
+def add_replace_arg(parser: Any) -> None:
+    """``--replace``, for every command that writes a results folder (module docstring)."""
+    parser.add_argument("--replace", action="store_true",
+                        help="write over an output folder that holds a run of another input (by "
+                             "default that is refused; a re-run of the same input replaces its folder)")
+
+
 def default_out_dir(name: object, *, suffix: str = "", where: str) -> Path:
     """``runs/<name><suffix>``: the default ``--out`` of a scenario named ``name``.
 
@@ -98,34 +175,44 @@ def default_out_dir(name: object, *, suffix: str = "", where: str) -> Path:
 
 @contextlib.contextmanager
 def open_output(path: str | Path, *, command: str, keep: Sequence[str] = (),
-                recognised: Sequence[str] = ()) -> Iterator[OutputFolder]:
+                recognised: Sequence[str] = (), source: RunSource | None = None,
+                replace: bool = False) -> Iterator[OutputFolder]:
     """Lock ``path``, yield an :class:`OutputFolder` whose ``staging`` folder the caller fills,
     and swap it in at ``path`` when the ``with`` block ends normally (module docstring). An
     exception (a KvplanError, Ctrl-C) discards the staging folder and leaves ``path`` untouched.
 
     ``command`` is recorded in the marker file; ``keep`` names entries of the previous folder
     that survive the swap; ``recognised`` names files the command wrote before folders carried
-    the marker (a folder holding one of them may be replaced too).
+    the marker (a folder holding one of them may be replaced too). ``source`` says what this is
+    a run of; a folder holding a run of another source is refused unless ``replace`` (module
+    docstring).
 
     Raises KvplanError (one line, naming ``path``) when ``path`` is a file, lies under a file,
-    cannot be created or written, holds the working folder, holds files kvplan did not write, or
-    is being written by another run.
+    cannot be created or written, holds the working folder, holds files kvplan did not write or
+    a run of another input, or is being written by another run; and when writing the results
+    fails (a full disk): the previous results are then left as they were.
     """
     shown = str(path)
-    final = check_output(path, recognised=recognised)
+    final = check_output(path, recognised=recognised, command=command, source=source, replace=replace)
     lock = _FolderLock(final.parent / f".{final.name}.lock", shown)
     lock.acquire()
     try:
         _recover(final, tuple(keep))
         _check_replaceable(final, shown, recognised)
+        _check_source(final, shown, command, source, replace, say=True)
         if keep and not final.exists():
             # kept entries are written in place during the run: the folder must exist, and say it is ours
             _mkdir(final, shown)
-            _write_marker(final, command)
+            _write_marker(final, command, source)
         staging = _make_sibling(final, "new", shown)
         try:
-            yield OutputFolder(Path(path).expanduser(), staging, tuple(keep))
-            _write_marker(staging, command)
+            try:
+                yield OutputFolder(Path(path).expanduser(), staging, tuple(keep))
+            except OSError as err:
+                if not _is_write_failure(err, staging):
+                    raise
+                raise KvplanError(_write_failure(shown, err, staging)) from None
+            _write_marker(staging, command, source)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -134,10 +221,13 @@ def open_output(path: str | Path, *, command: str, keep: Sequence[str] = (),
         lock.release()
 
 
-def check_output(path: str | Path, *, recognised: Sequence[str] = ()) -> Path:
+def check_output(path: str | Path, *, recognised: Sequence[str] = (), command: str | None = None,
+                 source: RunSource | None = None, replace: bool = False) -> Path:
     """Check, without locking, that :func:`open_output` could write ``path`` now, and create its
     parent: a command that computes for long before it writes calls this first, so that a bad
-    ``--out`` fails at once. Returns the resolved path; raises KvplanError as open_output does."""
+    ``--out`` (or one holding another input's run: give ``command`` and ``source``) fails at
+    once. Returns the resolved path; raises KvplanError as open_output does (its warnings are
+    open_output's alone: they are said once)."""
     shown = str(path)
     final = _resolve(Path(path), shown)
     _check_target(final, shown)
@@ -148,6 +238,8 @@ def check_output(path: str | Path, *, recognised: Sequence[str] = ()) -> Path:
     if not os.access(final.parent, os.W_OK | os.X_OK):
         raise KvplanError(f"{shown}: cannot write in {final.parent} (permission denied)")
     _check_replaceable(final, shown, recognised)
+    if command is not None:
+        _check_source(final, shown, command, source, replace, say=False)
     return final
 
 
@@ -209,9 +301,70 @@ def _check_replaceable(final: Path, shown: str, recognised: Sequence[str]) -> No
         raise KvplanError(f"{shown}: cannot read the folder ({err.strerror})") from None
     if not names or MARKER in names or set(names) & set(recognised):
         return
+    if set(names) <= set(_nested_outputs(final, ())):
+        return  # only kvplan folders of their own (``--out`` inside it): carried over by the swap
     listed = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
     raise KvplanError(f"{shown}: the folder holds files kvplan did not write ({listed}), and a run "
                       "replaces its folder as a whole: give an empty or new folder")
+
+
+def _read_marker(final: Path) -> dict[str, object] | None:
+    """The marker of a folder kvplan wrote (None: no folder, no marker, or one unreadable)."""
+    try:
+        data = json.loads((final / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _check_source(final: Path, shown: str, command: str, source: RunSource | None, replace: bool,
+                  *, say: bool) -> None:
+    """Refuse (or, with ``replace``, warn) when ``final`` holds a run of another input; warn when
+    it holds a run of the same input with other settings (module docstring). A folder from
+    before markers recorded their source says nothing of it and is replaced as before."""
+    if source is None:
+        return
+    marker = _read_marker(final)
+    if marker is None or not isinstance(marker.get("inputs"), list):
+        return
+    their_inputs = [str(p) for p in marker["inputs"]]
+    theirs_shown = str(marker.get("shown") or " ".join(their_inputs))
+    same = marker.get("command") == source.command and their_inputs == list(source.inputs)
+    if theirs_shown == source.shown and their_inputs != list(source.inputs):
+        theirs_shown = " ".join(their_inputs)  # the same words for another file (run from another folder)
+    theirs = f"{theirs_shown} (kvplan {marker.get('command', '?')})"
+    ours = f"{source.shown} (kvplan {command})"
+    if not same:
+        if not replace:
+            raise KvplanError(f"{shown}: holds a run of {theirs}, not of {ours}: give another --out, "
+                              "or --replace to replace it")
+        if say:
+            warn_user(f"{shown}: replacing a run of {theirs} with this run of {ours} (--replace)")
+    elif marker.get("settings") != source.settings and say:
+        warn_user(f"{shown}: this run replaces the one of {theirs} made with other settings "
+                  "(keep both with another --out)")
+
+
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
+
+
+def _is_write_failure(err: OSError, staging: Path) -> bool:
+    """Whether ``err`` is a failure to write the results (a full disk, a quota, a read-only
+    filesystem, a file inside the staging folder), not a failure to read an input."""
+    if err.errno in _WRITE_ERRNOS:
+        return True
+    name = err.filename if isinstance(err.filename, str) else None
+    return name is not None and Path(name).resolve().is_relative_to(staging.resolve())
+
+
+def _write_failure(shown: str, err: OSError, staging: Path) -> str:
+    what = err.strerror or str(err)
+    name = err.filename if isinstance(err.filename, str) else None
+    where = ""
+    if name is not None:
+        with contextlib.suppress(ValueError):
+            where = f" (writing {Path(name).resolve().relative_to(staging.resolve())})"
+    return f"{shown}: cannot write the results: {what}{where}; the previous results are as they were"
 
 
 def _mkdir(path: Path, shown: str) -> None:
@@ -221,9 +374,12 @@ def _mkdir(path: Path, shown: str) -> None:
         raise KvplanError(f"{shown}: cannot create the folder ({err.strerror})") from None
 
 
-def _write_marker(folder: Path, command: str) -> None:
+def _write_marker(folder: Path, command: str, source: RunSource | None = None) -> None:
     # No time or pid in it: the same scenario and seed still give byte-identical folders.
-    text = json.dumps({"written_by": "kvplan", "command": command}, sort_keys=True) + "\n"
+    record: dict[str, object] = {"written_by": "kvplan", "command": command}
+    if source is not None:
+        record.update(source.record())
+    text = json.dumps(record, sort_keys=True) + "\n"
     try:
         (folder / MARKER).write_text(text, encoding="utf-8")
     except OSError as err:
@@ -280,9 +436,21 @@ def _swap(final: Path, staging: Path, keep: tuple[str, ...], shown: str) -> None
 
 
 def _move_kept(source: Path, final: Path, keep: tuple[str, ...]) -> None:
-    for name in keep:
+    """Move the kept entries, and every kvplan folder written inside ``source`` (a separate
+    output: module docstring), from ``source`` into ``final``."""
+    for name in (*keep, *_nested_outputs(source, keep)):
         if (source / name).exists() and not (final / name).exists():
             os.rename(source / name, final / name)
+
+
+def _nested_outputs(folder: Path, keep: tuple[str, ...]) -> list[str]:
+    """The entries of ``folder`` that are kvplan results folders of their own (they hold the
+    marker), besides the kept ones."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    return [name for name in names if name not in keep and (folder / name / MARKER).is_file()]
 
 
 def _recover(final: Path, keep: tuple[str, ...]) -> None:
@@ -339,8 +507,9 @@ class _FolderLock:
             if self._still_linked(fd):
                 break
             os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        with contextlib.suppress(OSError):  # the pid is for messages only: a full disk may refuse it
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
         self.fd = fd
 
     def release(self) -> None:
@@ -381,4 +550,5 @@ def _alive(pid: int) -> bool:
     return True
 
 
-__all__ = ["MARKER", "RUNS_DIR", "OutputFolder", "check_output", "default_out_dir", "open_output", "replace_file"]
+__all__ = ["MARKER", "RUNS_DIR", "OutputFolder", "RunSource", "add_replace_arg", "check_output", "recorded_inputs", "default_out_dir", "open_output",
+           "replace_file", "shown_run"]

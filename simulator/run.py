@@ -16,7 +16,7 @@ from simulator.deployment import Deployment, build_deployment
 from simulator.engine import SimResult, simulate
 from simulator.html_report import write_report
 from simulator.errors import KvplanError
-from simulator.outputs import default_out_dir, open_output
+from simulator.outputs import RunSource, default_out_dir, open_output, shown_run
 from simulator.router import requests_per_replica
 from simulator.saturation import saturation
 from simulator.scenario import Scenario, canonical_allocator, load_scenario
@@ -171,12 +171,17 @@ def make_progress(quiet: bool) -> Progress | None:
 
 def run_simulate(path: str, *, out: str | None, overrides: dict[str, object], quiet: bool,
                  plots: bool = True, force_profile: bool = False, steps: str = "bins",
-                 step_bin_s: float = DEFAULT_BIN_S) -> tuple[Path, dict[str, Any]]:
+                 step_bin_s: float = DEFAULT_BIN_S, replace: bool = False) -> tuple[Path, dict[str, Any]]:
+    """Run ``kvplan simulate``: each engine × allocator of the scenario at ``path`` (with dotted
+    ``overrides``), written to ``out`` (default ``runs/<name>/``). ``replace``: write over a
+    folder holding a run of another scenario file (:mod:`simulator.outputs`)."""
     scenario, base_dir = load_scenario(path, overrides)
+    source = RunSource.of("simulate", [path], scenario.model_dump(mode="json"), shown_run(path, overrides))
     if scenario.disaggregation is not None:
         from simulator.disagg import run_disaggregated
         return run_disaggregated(scenario, base_dir, path, out=out, quiet=quiet, plots=plots,
-                                 force_profile=force_profile, steps=steps, step_bin_s=step_bin_s)
+                                 force_profile=force_profile, steps=steps, step_bin_s=step_bin_s,
+                                 source=source, replace=replace)
     deps = {e: build_deployment(scenario.for_engine(e), base_dir, force_profile=force_profile,
                                 where=path) for e in scenario.engines}
     dep = next(iter(deps.values()))
@@ -190,7 +195,8 @@ def run_simulate(path: str, *, out: str | None, overrides: dict[str, object], qu
     out_dir = Path(out) if out else default_out_dir(scenario.name, where=path)
     # Locked from here: a second run into out_dir is refused before it simulates anything, and
     # the results replace the folder only once all of them are written (simulator/outputs.py).
-    with open_output(out_dir, command="simulate", recognised=SIMULATE_FILES) as folder:
+    with open_output(out_dir, command="simulate", recognised=SIMULATE_FILES, source=source,
+                     replace=replace) as folder:
         progress = make_progress(quiet)
         runs: list[AllocatorRun] = []
         if progress is not None:
@@ -210,7 +216,8 @@ def run_simulate(path: str, *, out: str | None, overrides: dict[str, object], qu
 
         console = Console() if sys.stdout.isatty() else Console(width=120)  # pipes: no 80-col wrap
         report.print_summary(console, summary, dep.describe(), scenario.name, out_dir,
-                             engines=[d.describe() for d in deps.values()] if several else None)
+                             engines=[d.describe() for d in deps.values()] if several else None,
+                             slo=scenario.slo.model_dump() if scenario.slo else None)
     return out_dir, summary
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 from simulator.errors import KvplanError
@@ -90,12 +91,17 @@ def run(args: argparse.Namespace) -> int:
         if model is None:
             raise KvplanError("--gpu needs --model: the weights and activations that share the"
                               " GPU with the KV cache come from the model's config")
-        capacity = kv_capacity(
-            model, get_gpu(args.gpu), tp=args.tp, kv_cache_dtype=args.kv_cache_dtype,
-            block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
-            max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-            max_model_len=args.max_model_len, quantization=args.quantization, dp=args.dp,
-            enable_expert_parallel=args.enable_expert_parallel)
+        try:
+            capacity = kv_capacity(
+                model, get_gpu(args.gpu), tp=args.tp, kv_cache_dtype=args.kv_cache_dtype,
+                block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
+                max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+                max_model_len=args.max_model_len, quantization=args.quantization, dp=args.dp,
+                enable_expert_parallel=args.enable_expert_parallel)
+        except KvplanError as err:
+            if not _is_config_path(args.model):
+                raise
+            raise KvplanError(f"{args.model}: {err}") from None  # the model came from this file
     elif args.dp > 1 or args.enable_expert_parallel:
         raise KvplanError("--dp and --enable-expert-parallel size weights per rank: give --gpu")
     result = _result(args, model, layout, total_bytes, capacity)
@@ -104,6 +110,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(_table(args, result, capacity))
     return 0
+
+
+def _is_config_path(model: str | None) -> bool:
+    """Whether ``--model`` names a config.json file rather than a catalog model."""
+    return model is not None and (model.endswith(".json") or "/" in model or Path(model).is_file())
 
 
 def _resolve(args: argparse.Namespace) -> tuple[ModelConfig | None, KVLayout]:

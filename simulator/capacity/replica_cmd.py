@@ -39,6 +39,7 @@ from simulator.capacity.cmd import (
     CACHE_DIR,
     CAPACITY_FILES,
     EXIT_POINTS_FAILED,
+    capacity_source,
     check_searchable,
     make_console,
     read_sweep,
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         allocators=args.allocator, sweeps=args.sweep, overrides=args.set, num_seeds=args.seeds,
         executor=args.executor, address=args.address, jobs=args.jobs, prices=args.price, out=args.out,
         plots_on=not args.no_plots, use_cache=not args.no_cache, quiet=args.quiet,
-        file_sweep=not args.no_sweep)
+        file_sweep=not args.no_sweep, replace=args.replace)
     failed = {r.point_index for r in report.rows if r.status == "failed"}
     if failed and not args.quiet:
         print(f"kvplan: capacity: {len(failed)} of {len({r.point_index for r in report.rows})} sweep points "
@@ -136,12 +137,12 @@ def run_replica_capacity(path: str, *, target_rates: Sequence[float] = (), growt
                          executor: str = "process", address: str | None = None, jobs: int | None = None,
                          prices: Sequence[str] = (), out: str | None = None, plots_on: bool = True,
                          use_cache: bool = True, quiet: bool = False,
-                         file_sweep: bool = True) -> ReplicaReport:
+                         file_sweep: bool = True, replace: bool = False) -> ReplicaReport:
     """Search the fewest replicas for every (point, allocator, target, seed); write
     ``capacity.csv``, ``capacity.json`` and the plots. Targets: ``target_rates`` and, per
     point, ``growths`` × the workload's own rate. Every input is checked before any simulation;
     a point that cannot be built is a ``failed`` row (every point failing: KvplanError, after
-    the files are written)."""
+    the files are written). ``replace``: write over a folder holding a run of another scenario."""
     if not target_rates and not growths:
         raise KvplanError("give --target-rate R or --growth G")
     file = read_sweep(path, allocators, sweeps, overrides, file_sweep)
@@ -157,7 +158,11 @@ def run_replica_capacity(path: str, *, target_rates: Sequence[float] = (), growt
     targets = {p.index: _targets(p, file.base_dir, target_rates, growths, own_rates)
                for p in points if p.scenario}
     tasks, notes = _tasks(points, targets, file.base_dir, num_seeds, max_replicas, plots_on, cache_dir)
-    with open_output(out_dir, command="capacity", keep=(CACHE_DIR,), recognised=CAPACITY_FILES) as folder:
+    source = capacity_source(path, file, sweeps, overrides,
+                             {"target_rates": list(target_rates), "growths": list(growths), "seeds": num_seeds,
+                              "max_replicas": max_replicas, "prices": sorted(price_overrides.items())})
+    with open_output(out_dir, command="capacity", keep=(CACHE_DIR,), recognised=CAPACITY_FILES,
+                     source=source, replace=replace) as folder:
         if cache_dir is not None:
             remove_partial_writes(cache_dir)  # the lock is ours: any partial write is a dead run's
         started = time.perf_counter()

@@ -223,8 +223,8 @@ def test_run_dir_gives_the_commands_of_its_scenario(tmp_path: Path) -> None:
     from_run = _export(tmp_path, run_dir)
     for name in ("serve.sh", "bench.sh", "trace.jsonl"):
         assert (from_run / name).read_bytes() == (from_scenario / name).read_bytes(), name
-    assert main(["export", str(run_dir)]) == 0  # default: RUN_DIR/export
-    assert (run_dir / "export" / "trace.jsonl").read_bytes() == (from_run / "trace.jsonl").read_bytes()
+    assert main(["export", str(run_dir)]) == 0  # default: RUN_DIR-export, beside the run (a re-run replaces RUN_DIR)
+    assert (tmp_path / "run-export" / "trace.jsonl").read_bytes() == (from_run / "trace.jsonl").read_bytes()
 
 
 @pytest.mark.parametrize("argv, message", [
