@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -130,10 +130,116 @@ def summary_table(summary: dict[str, dict[str, Any]], title: str) -> Table:
     return table
 
 
+# --- the SLO verdict: the headline of simulate's table and report.html ---------------------------
+
+SLO_BOUNDS = (("ttft_p99_s", "ttft_s", "p99 TTFT"), ("tpot_p99_s", "tpot_s", "p99 TPOT"),
+              ("e2e_p99_s", "e2e_s", "p99 E2E"))
+
+
+def duration_text(seconds: float) -> str:
+    """A duration for a sentence: ms below 1 s, three significant digits (``103 ms``, ``2.68 s``)."""
+    if seconds * 1e3 < 999.5:  # 999.7 ms would print as "1e+03 ms"
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds:.3g} s" if seconds < 99.95 else f"{seconds:,.0f} s"
+
+
+def _over(value: float, bound: float) -> str:
+    """``value > bound`` as text, with enough digits that the two never read alike
+    (100.04 ms against a 100 ms bound is ``100.04 ms > 100 ms``, not ``100 ms > 100 ms``)."""
+    text = duration_text(value)
+    for digits in (4, 5, 6, 8):
+        if text != duration_text(bound):
+            break
+        text = (f"{value * 1e3:.{digits}g} ms" if value < 1.0 else f"{value:.{digits}g} s")
+    return f"{text} > {duration_text(bound)}"
+
+
+def slo_text(slo: Mapping[str, Any]) -> str:
+    """``p99 TTFT ≤ 2 s, p99 TPOT ≤ 100 ms`` (and the rejected share when it allows any)."""
+    parts = [f"{label} ≤ {duration_text(slo[key])}" for key, _, label in SLO_BOUNDS
+             if slo.get(key) is not None]
+    if slo.get("max_rejected_fraction"):
+        parts.append(f"≤ {100 * slo['max_rejected_fraction']:g}% rejected")
+    return ", ".join(parts)
+
+
+def slo_misses(s: Mapping[str, Any], slo: Mapping[str, Any]) -> list[str]:
+    """What of ``slo`` (a scenario's ``slo:`` as a mapping) one run's summary ``s`` breaks, each
+    a short phrase (``p99 TPOT (103 ms > 100 ms)``); empty when it meets every part. The parts
+    are those ``capacity`` checks (simulator.capacity.search.check_slo): the p99 bounds, the
+    share of requests rejected at arrival, a queue that grows through the run (``saturated``)."""
+    misses = []
+    completed, rejected = int(s.get("completed") or 0), int(s.get("rejected") or 0)
+    sent = completed + rejected
+    allowed = float(slo.get("max_rejected_fraction") or 0.0)
+    if sent and rejected / sent > allowed:
+        misses.append(f"the rejected share ({rejected / sent:.2%} of requests > {100 * allowed:g}%)")
+    if completed == 0:
+        misses.append("no request finished")
+    for key, metric, label in SLO_BOUNDS:
+        bound, value = slo.get(key), (s.get(metric) or {}).get("p99")
+        if bound is not None and value is not None and value > bound:
+            misses.append(f"{label} ({_over(value, bound)})")
+    if s.get("saturated"):
+        growth = round(float(s.get("queue_growth_s_per_s") or 0.0), 2) + 0.0  # + 0.0: no "-0.00"
+        misses.append(f"a stable queue (saturated: it grows {growth:+.2f} s/s)")
+    return misses
+
+
+def slo_headline(summary: Mapping[str, Mapping[str, Any]], slo: Mapping[str, Any] | None, *,
+                 name: Callable[[str], str] = str, text: Callable[[str], str] = str) -> str:
+    """One sentence on which runs (allocators, or engine/allocator) meet ``slo`` and what each
+    of the others misses; the lowest p99 TTFT is named only among those that meet it. Without
+    an SLO, the lowest p99 TTFT of several runs (one run: ""). ``name`` formats a run's name and
+    ``text`` everything else (report.html bolds the one and escapes both); "" without runs."""
+    if not summary:
+        return ""
+
+    def ttft(run: str) -> float | None:
+        value = (summary[run].get("ttft_s") or {}).get("p99")
+        return float(value) if isinstance(value, (int, float)) else None
+
+    def lowest(runs: list[str]) -> str:
+        timed = {r: t for r in runs if (t := ttft(r)) is not None}
+        if not timed:
+            return ""
+        best = min(timed, key=timed.__getitem__)
+        return name(best) + text(f" ({duration_text(timed[best])})")
+
+    if not slo or not slo_text(slo):
+        best = lowest(list(summary)) if len(summary) > 1 else ""
+        return text("No SLO in the scenario; lowest p99 TTFT: ") + best + text(".") if best else ""
+    misses = {r: slo_misses(s, slo) for r, s in summary.items()}
+    meet = [r for r, m in misses.items() if not m]
+    missed = [name(r) + text(" misses " + _and(m)) for r, m in misses.items() if m]
+    bound = text(f"the SLO ({slo_text(slo)})")
+    if len(summary) == 1:
+        run = next(iter(summary))
+        return name(run) + (text(" meets ") + bound if run in meet
+                            else text(" misses ") + bound + text(": " + _and(misses[run]))) + text(".")
+    what = "engine/allocator" if any("/" in r for r in summary) else "allocator"
+    if not meet:
+        return text(f"No {what} meets ") + bound + text(": ") + text("; ").join(missed) + text(".")
+    if not missed:
+        return text(f"Every {what} meets ") + bound + text("; the lowest p99 TTFT: ") + lowest(meet) + text(".")
+    if len(meet) == 1:
+        head = text("Only ") + name(meet[0]) + text(" meets ") + bound
+    else:
+        head = (text(", ").join(name(r) for r in meet) + text(" meet ") + bound
+                + text("; the lowest p99 TTFT among them: ") + lowest(meet))
+    return head + text(". ") + text("; ").join(missed) + text(".")
+
+
+def _and(parts: Sequence[str]) -> str:
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
 def print_summary(console: Console, summary: dict[str, dict[str, Any]], deployment: dict[str, Any],
-                  title: str, out_dir: Path, *, engines: list[dict[str, Any]] | None = None) -> None:
+                  title: str, out_dir: Path, *, engines: list[dict[str, Any]] | None = None,
+                  slo: Mapping[str, Any] | None = None) -> None:
     """The run's headline table; ``engines``: each engine's deployment when several ran (or each
-    pool's, labelled by its ``pool`` key, in a disaggregated run)."""
+    pool's, labelled by its ``pool`` key, in a disaggregated run). ``slo``: the scenario's
+    ``slo:`` (a mapping), for the line under the table that says which runs meet it."""
     d = deployment
     console.print(
         f"[bold]{title}[/bold]: {d['model']} on {d['gpu']} × TP {d['tensor_parallel']}"
@@ -159,6 +265,9 @@ def print_summary(console: Console, summary: dict[str, dict[str, Any]], deployme
     saturated = saturation_line(summary)
     if saturated:
         console.print(saturated, style="bold")
+    verdict = slo_headline(summary, slo)
+    if verdict:
+        console.print(verdict, style="bold", markup=False, highlight=False)
     console.print(f"results in {out_dir}/")
 
 
