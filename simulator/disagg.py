@@ -293,7 +293,8 @@ def run_disaggregated(scenario: Scenario, base_dir: Path, path: str, *, out: str
         console = Console() if sys.stdout.isatty() else Console(width=120)
         report.print_summary(console, summary, decode.describe(), f"{scenario.name} (decode pool)",
                              out_dir, engines=[{**prefill.describe(), "pool": "prefill pool"},
-                                              {**decode.describe(), "pool": "decode pool"}])
+                                              {**decode.describe(), "pool": "decode pool"}],
+                             slo=scenario.slo.model_dump() if scenario.slo else None)
         console.print(transfer_line(run.summary["disaggregation"]))
     return out_dir, summary
 

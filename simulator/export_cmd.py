@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from simulator.errors import KvplanError
+from simulator.errors import KvplanError, warn_user
 
 if TYPE_CHECKING:  # pragma: no cover
     from simulator.deployment import Deployment
@@ -234,6 +234,9 @@ def build_export(scenario: Scenario, base_dir: Path, *, engine: str | None = Non
         engine = scenario.engines[0]
     if engine not in ENGINES:
         raise KvplanError(f"unknown engine '{engine}' (known: {', '.join(ENGINES)})")
+    unsimulated = [] if engine in scenario.engines else [unsimulated_note(engine, scenario.engines, where)]
+    for note in unsimulated:
+        warn_user(note)
     if canonical_allocator(allocator) != "paged":
         raise KvplanError(f"allocator {allocator}: contiguous reservation is kvplan's baseline, "
                           "no serving engine runs it; export reproduces allocator paged")
@@ -263,8 +266,18 @@ def build_export(scenario: Scenario, base_dir: Path, *, engine: str | None = Non
         + f", {scenario.num_replicas} replica(s)); KV pool per engine: {dep.num_blocks:,} blocks "
         f"of {sched.block_size} tokens = {dep.capacity_tokens:,} tokens",
         f"load: {len(requests):,} requests from trace.jsonl, {rate}",
+        *(f"NOTE: {note}" for note in unsimulated),
     ]
     return Export(serve, benches, trace_rows(requests, block), header)
+
+
+def unsimulated_note(engine: str, simulated: Sequence[str], where: str) -> str:
+    """What to know of an export for an engine the plan was not simulated with: its knobs are
+    that engine's defaults, but no latency or capacity kvplan reported is that engine's."""
+    scenario = where if Path(where).is_file() else f"<the scenario file {where} ran>"
+    return (f"the {engine} plan was not simulated: {where} simulates {', '.join(simulated)}, so the "
+            f"latencies and capacity kvplan reported for it are not {engine}'s; to simulate it: "
+            f"simulate {scenario} --set engine={engine}")
 
 
 # --- the server -------------------------------------------------------------------------------

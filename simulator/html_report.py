@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from simulator.outputs import replace_file
+from simulator.report import slo_headline
 
 Kind = Literal["simulate", "capacity", "validate", "compare"]
 REPORT_NAME = "report.html"
@@ -242,13 +243,17 @@ def _simulate_page(folder: Folder) -> Page:
     ]
     where = f"{dep.get('model', '?')} on {dep.get('gpu', '?')}" if dep else "deployment unknown"
     return Page(f"kvplan simulate — {name}", scenario.get("description") or where,
-                _simulate_headline(summary, dep, _workload_text(scenario.get("workload") or {})),
+                _simulate_headline(summary, dep, _workload_text(scenario.get("workload") or {}),
+                                   scenario.get("slo"), _pools(scenario, run)),
                 tuple(sections))
 
 
-def _simulate_headline(summary: Mapping[str, Any], dep: Mapping[str, Any], workload: str) -> str:
+def _simulate_headline(summary: Mapping[str, Any], dep: Mapping[str, Any], workload: str,
+                       slo: Mapping[str, Any] | None,
+                       deployments: Mapping[str, Mapping[str, Any]] | None = None) -> str:
     """One row per allocator: throughput, p99 TTFT/TPOT, KV peak, rejections, and whether the
-    queue stayed stable; the lowest p99 TTFT named above it."""
+    queue stayed stable; above it, which allocators meet the SLO and what the others miss (the
+    lowest p99 TTFT named only among those that meet it: :func:`simulator.report.slo_headline`)."""
     if not summary:
         return "<p>No headline: summary.json is missing.</p>"
     head = ["", "req/s", "tok/s", "p99 TTFT", "p99 TPOT", "KV peak", "rejected", "queue"]
@@ -259,51 +264,127 @@ def _simulate_headline(summary: Mapping[str, Any], dep: Mapping[str, Any], workl
         rows.append([alloc, s.get("throughput_req_s"), s.get("throughput_tok_s"),
                      _dur(_stat(s, "ttft_s", "p99")), _dur(_stat(s, "tpot_s", "p99")),
                      _pct(kv.get("peak_token_state")), s.get("rejected"), queue])
-    where = (f"{_esc(dep.get('model'))} on {_esc(dep.get('gpu'))} × TP {_ef(dep.get('tensor_parallel'))}"
-             if dep else "Deployment unknown")
-    timed = {a: _stat(s, "ttft_s", "p99") for a, s in summary.items()
-             if isinstance(_stat(s, "ttft_s", "p99"), (int, float))}
-    best = ""
-    if len(timed) > 1:
-        name = min(timed, key=timed.__getitem__)
-        best = f" Lowest p99 TTFT: <b>{_esc(name)}</b> ({_dur(timed[name])})."
+    where = _where(dep, deployments or {}) if dep else "Deployment unknown"
+    verdict = slo_headline(summary, slo, name=lambda a: f"<b>{_esc(a)}</b>", text=_esc)
+    best = f" {verdict}" if verdict else ""
     cap = next((s.get("kv", {}).get("kv_capacity_tokens") for s in summary.values()), None)
-    pool = f" KV peak: share of the {_ef(cap)}-token pool." if cap else ""
+    kv_pool = next((s.get("kv_pool") for s in summary.values() if s.get("kv_pool")), None)
+    pool = ("" if not cap else f" KV peak: share of the {_esc(kv_pool)} pool ({_ef(cap)} tokens per replica)."
+            if kv_pool else f" KV peak: share of the {_ef(cap)}-token pool.")
     return (f"<p>{where}, {_esc(workload)}.{best}</p>" + _table(head, rows, key_column=True)
             + f'<p class="note">Rates over the measured window; p99 over finished requests.{pool}</p>')
 
 
-def _scenario_section(scenario: Mapping[str, Any], dep: Mapping[str, Any], run: Mapping[str, Any]) -> Section:
+def _pools(scenario: Mapping[str, Any], run: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The deployments of a disaggregated run by pool name ({} for any other run)."""
+    return dict(run.get("deployments") or {}) if scenario.get("disaggregation") else {}
+
+
+def _where(dep: Mapping[str, Any], pools: Mapping[str, Mapping[str, Any]]) -> str:
+    """``Llama-3.1-8B on H100-80GB × TP 1``; a disaggregated run names each pool's GPUs."""
+    if not pools:
+        return f"{_esc(dep.get('model'))} on {_esc(dep.get('gpu'))} × TP {_ef(dep.get('tensor_parallel'))}"
+    return _esc(dep.get("model")) + ", " + ", ".join(
+        f"{_esc(name)} on {_ef(d.get('num_replicas'))} × {_esc(d.get('gpu'))} TP {_ef(d.get('tensor_parallel'))}"
+        for name, d in pools.items())
+
+
+# The scenario table's rows drawn from the deployment (run.json's ``deployment``; per engine or
+# pool when it has ``deployments``): (label, key); for capacity, which has no deployment, the
+# scenario's own key of the same name.
+DEPLOYMENT_ROWS = (("model", "model"), ("GPU", "gpu"), ("tensor parallel", "tensor_parallel"),
+                   ("replicas", "num_replicas"))
+SETUP_ROWS = (("KV cache dtype", "kv_cache_dtype"), ("block size", "block_size"),
+              ("KV capacity (tokens per replica)", "kv_capacity_tokens"),
+              ("KV pool (GiB per rank)", "kv_pool_gib"), ("max_model_len", "max_model_len"),
+              ("max_num_seqs", "max_num_seqs"), ("max_num_batched_tokens", "max_num_batched_tokens"),
+              ("prefix caching", "enable_prefix_caching"))
+# A capacity sweep's knob -> the scenario row it replaces (other knobs get a row of their own).
+KNOB_ROWS = {"model": "model", "gpu": "GPU", "tensor_parallel": "tensor parallel",
+             "num_replicas": "replicas", "engine": "engine", "kv_cache_dtype": "KV cache dtype",
+             "block_size": "block size", "max_model_len": "max_model_len", "max_num_seqs": "max_num_seqs",
+             "max_num_batched_tokens": "max_num_batched_tokens", "enable_prefix_caching": "prefix caching",
+             "allocators": "allocators", "router.policy": "router"}
+
+
+def _deployed(key: str, dep: Mapping[str, Any], deployments: Mapping[str, Mapping[str, Any]],
+              fallback: Any = None, *, each: bool = False) -> Any:
+    """``dep[key]``; with several deployments (engines, or a disaggregated run's pools) their
+    value when they agree (and not ``each``), else each one's (``prefill: H100-80GB; decode:
+    H200-141GB``)."""
+    if not deployments:
+        value = dep.get(key)
+        return fallback if value is None else value
+    values = {name: d.get(key) for name, d in deployments.items() if d.get(key) is not None}
+    if not values:
+        return fallback
+    if not each and len({_fmt(v) for v in values.values()}) == 1 and len(values) == len(deployments):
+        return next(iter(values.values()))
+    return "; ".join(f"{name}: {_fmt(v)}" for name, v in values.items())
+
+
+def _scenario_section(scenario: Mapping[str, Any], dep: Mapping[str, Any], run: Mapping[str, Any],
+                      swept: Mapping[str, Sequence[Any]] | None = None,
+                      searched: Sequence[str] = ()) -> Section:
+    """The scenario as it ran. ``swept``: a capacity sweep's knobs with the values its points
+    took (each shown instead of the base scenario's value); ``searched``: rows whose value the
+    search finds (capacity --target-rate: replicas), said so instead of the base value."""
     if not scenario and not dep:
         return Section("scenario", "Scenario", '<p class="missing">run.json is missing: the scenario '
                                                 "and deployment are unknown.</p>")
     deployments = run.get("deployments") or {}
-    engines = ", ".join(deployments) if deployments else dep.get("engine") or scenario.get("engine")
-    rows: list[tuple[str, Any]] = [
-        ("name", scenario.get("name")),
-        ("model", dep.get("model") or scenario.get("model")),
-        ("GPU", dep.get("gpu") or scenario.get("gpu")),
-        ("tensor parallel", dep.get("tensor_parallel") or scenario.get("tensor_parallel")),
-        ("replicas", dep.get("num_replicas") or scenario.get("num_replicas")),
-        ("engine", engines),
+    engines = list(dict.fromkeys(d.get("engine") for d in deployments.values() if d.get("engine")))
+    engine = ", ".join(engines) if engines else dep.get("engine") or scenario.get("engine")
+    if isinstance(engine, list):
+        engine = ", ".join(map(str, engine))
+    rows: list[tuple[str, Any]] = [("name", scenario.get("name"))]
+    each = ("num_replicas", "kv_capacity_tokens", "kv_pool_gib") if _pools(scenario, run) else ()
+    rows += [(label, _deployed(key, dep, deployments, scenario.get(key), each=key in each))
+             for label, key in DEPLOYMENT_ROWS]
+    pools = _pools(scenario, run)
+    if pools:
+        link = (scenario.get("disaggregation") or {}).get("link") or {}
+        text = f"{' and '.join(pools)} pools (a value per pool where they differ)"
+        if link.get("bandwidth_gb_s") is not None:
+            text += (f"; KV link {float(link['bandwidth_gb_s']):g} GB/s per prefill replica, "
+                     f"{1e3 * float(link.get('latency_s') or 0.0):g} ms per transfer")
+        rows.append(("disaggregation", text))
+    replicated = any(isinstance(v, int) and v > 1 for v in [scenario.get("num_replicas"), dep.get(
+        "num_replicas"), *(d.get("num_replicas") for d in deployments.values())]) or "replicas" in searched
+    rows += [
+        ("router", (scenario.get("router") or {}).get("policy") if replicated else None),
+        ("engine", engine),
         ("allocators", ", ".join(scenario.get("allocators") or [])),
         ("workload", _workload_text(scenario.get("workload") or {})),
         ("requests", run.get("num_requests")),
         ("seed", scenario.get("seed")),
-        ("KV cache dtype", dep.get("kv_cache_dtype")),
-        ("weights", _join(dep.get("weight_dtype"), dep.get("quantization") not in (None, "none")
-                          and f"quantization {dep.get('quantization')}")),
-        ("block size", dep.get("block_size")),
-        ("KV capacity (tokens per replica)", dep.get("kv_capacity_tokens")),
-        ("KV pool (GiB per rank)", dep.get("kv_pool_gib")),
-        ("max_model_len", dep.get("max_model_len")),
-        ("max_num_seqs", dep.get("max_num_seqs")),
-        ("max_num_batched_tokens", dep.get("max_num_batched_tokens")),
-        ("prefix caching", dep.get("enable_prefix_caching")),
-        ("latency model", (scenario.get("latency") or {}).get("model")),
-        ("SLO", _slo_text(scenario.get("slo"))),
     ]
+    weights = _deployed("weight_dtype", dep, deployments)
+    quantization = _deployed("quantization", dep, deployments)
+    rows.append(("weights", _join(weights, quantization not in (None, "none")
+                                  and f"quantization {quantization}")))
+    rows += [(label, _deployed(key, dep, deployments, None if dep else scenario.get(key), each=key in each))
+             for label, key in SETUP_ROWS]
+    rows += [("latency model", (scenario.get("latency") or {}).get("model")),
+             ("SLO", _slo_text(scenario.get("slo")))]
+    rows = [(label, "found by the search, per layout (the table below)" if label in searched else value)
+            for label, value in rows]
+    for knob, values in (swept or {}).items():
+        text = _swept_text(values)
+        label = KNOB_ROWS.get(knob)
+        if label is not None and any(row == label for row, _ in rows):
+            rows = [(row, text if row == label else value) for row, value in rows]
+        else:
+            rows.append((label or knob, text))
     return Section("scenario", "Scenario", _kv_table(rows))
+
+
+def _swept_text(values: Sequence[Any]) -> Any:
+    """A swept knob's values: the one value every point took, or each, said to be swept."""
+    shown = list(dict.fromkeys(", ".join(map(str, v)) if isinstance(v, list) else _fmt(v) for v in values))
+    if len(shown) == 1:
+        return values[0] if not isinstance(values[0], list) else shown[0]
+    return f"{', '.join(shown)} (swept: one per sweep point, the table says which)"
 
 
 def _workload_text(w: Mapping[str, Any]) -> str:
@@ -453,7 +534,8 @@ def _capacity_page(folder: Folder) -> Page:
     dep = run.get("deployment") or {}
     search = _capacity_search(rows)
     sections = [
-        _scenario_section(scenario, dep, run) if scenario else Section(
+        _scenario_section(scenario, dep, run, swept=_swept(rows),
+                          searched=("replicas",) if search == "replicas" else ()) if scenario else Section(
             "scenario", "Scenario", '<p class="missing">The folder records no scenario (neither '
             "run.json nor a <code>scenario</code> in capacity.json): the knobs below are those the "
             "sweep varied.</p>"),
@@ -466,6 +548,17 @@ def _capacity_page(folder: Folder) -> Page:
     title = f"kvplan capacity — {scenario['name']}" if scenario.get("name") else "kvplan capacity"
     return Page(title, _capacity_what(search),
                 _capacity_headline(rows, search, scenario.get("slo")), tuple(sections))
+
+
+def _swept(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """Each knob of the sweep (``--sweep`` included) with the values its points ran, in order:
+    the scenario section shows these, not the base scenario's."""
+    swept: dict[str, list[Any]] = {}
+    for r in rows:
+        for knob, value in (r.get("knobs") or {}).items():
+            if knob != "allocators" and value not in swept.setdefault(knob, []):
+                swept[knob].append(value)
+    return swept
 
 
 def _capacity_search(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -34,7 +34,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter, NullFormatter, PercentFormatter
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, PercentFormatter
 
 from simulator.errors import KvplanError
 
@@ -127,7 +127,9 @@ def write_plots(out_dir: Path, steps_df: pd.DataFrame, requests_df: pd.DataFrame
     out_dir.mkdir(parents=True, exist_ok=True)
     steps_by, requests_by = _by_allocator(steps_df), _by_allocator(requests_df)
     allocators = [str(n) for n in summary]
-    allocators += sorted((set(steps_by) | set(requests_by)) - set(allocators))
+    # the step groups (a disaggregated run's pools) are no allocators: they have no requests
+    runs = set(requests_by) | (set(steps_by) if step_groups is None else set())
+    allocators += sorted(runs - set(allocators))
     num_replicas = int(steps_df["replica"].nunique()) if len(steps_df) else 0
     groups = list(step_groups) if step_groups is not None else allocators
     if step_groups is not None:  # each group's replicas, not all of the run's
@@ -395,8 +397,7 @@ def _draw_cdfs(ax: Axes, samples: Mapping[str, np.ndarray], allocators: list[str
                                   label=f"SLO: p99 ≤ {_seconds(slo_p99_s)}"))
     if log_x:
         ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.xaxis.set_minor_formatter(NullFormatter())
+        log_x = readable_log_axis(ax, "x")
     ax.set_xlabel(f"latency ({unit}{', log scale' if log_x else ''})")
     return handles
 
@@ -445,8 +446,7 @@ def _allocators_figure(summary: Mapping[str, Mapping[str, Any]], title: str,
     if len(shown_s) and shown_s.max() / shown_s.min() > 30:
         ttft_ax.set_yscale("log")
         ttft_ax.set_ylim(shown_s.min() * per_s / 2.5, shown_s.max() * per_s * 4)
-        ttft_ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ttft_ax.yaxis.set_minor_formatter(NullFormatter())
+        readable_log_axis(ttft_ax)
     else:
         ttft_ax.set_ylim(0, (shown_s.max() * per_s if len(shown_s) else 1.0) * 1.18)
     handles: list[Any] = []
@@ -484,6 +484,49 @@ def _allocators_figure(summary: Mapping[str, Mapping[str, Any]], title: str,
 
 
 # ----------------------------------------------------------------------------- helpers
+MIN_LOG_TICKS = 3  # labelled ticks a log axis shows at the least: one label alone gives no scale
+# Ticks tried within each decade, coarsest first: the first that puts MIN_LOG_TICKS in the span
+LOG_TICK_SUBS: tuple[tuple[int, ...], ...] = ((1,), (1, 2, 5), (1, 2, 3, 5, 7), tuple(range(1, 10)))
+
+
+def log_ticks(lo: float, hi: float, subs: Sequence[int]) -> list[float]:
+    """The values ``sub × 10^e`` (each ``sub`` of ``subs``) within ``[lo, hi]``, ascending; each
+    written as its decimal literal (0.3, not 3 × 0.1 = 0.30000000000000004)."""
+    if not (0 < lo <= hi and math.isfinite(hi)):
+        return []
+    first, last = math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1
+    ticks = (float(f"{sub}e{e}") for e in range(first, last + 1) for sub in subs)
+    return [t for t in ticks if lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9)]
+
+
+def readable_log_axis(ax: Axes, which: str = "y") -> bool:
+    """Label a log-scaled axis so that it reads: at least :data:`MIN_LOG_TICKS` labelled ticks —
+    decades when its span holds that many, else 1-2-5 (then finer) steps within each decade,
+    plain numbers (``0.02``, not ``2×10⁻²``), unlabelled minor ticks. An axis too narrow for that
+    many (a factor of ~3 or less) turns linear, with its limits kept. Call it once everything is
+    drawn: the limits are frozen. Returns whether the axis stayed log."""
+    axis, get_lim, set_lim, set_scale = (
+        (ax.yaxis, ax.get_ylim, ax.set_ylim, ax.set_yscale) if which == "y"
+        else (ax.xaxis, ax.get_xlim, ax.set_xlim, ax.set_xscale))
+    limits = get_lim()
+    lo, hi = sorted(limits)
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    if lo > 0:
+        for subs in LOG_TICK_SUBS:
+            ticks = log_ticks(lo, hi, subs)
+            if len(ticks) >= MIN_LOG_TICKS:
+                set_lim(*limits)
+                axis.set_major_locator(FixedLocator(ticks))
+                axis.set_major_formatter(plain)
+                axis.set_minor_locator(LogLocator(base=10, subs=tuple(range(2, 10)), numticks=100))
+                axis.set_minor_formatter(NullFormatter())
+                return True
+    set_scale("linear")
+    set_lim(*limits)
+    axis.set_major_formatter(plain)
+    return False
+
+
 def _figure(nrows: int, ncols: int, size: tuple[float, float], sharex: bool = False
             ) -> tuple[Figure, np.ndarray]:
     fig = Figure(figsize=size, dpi=DPI, layout="constrained")
@@ -500,8 +543,14 @@ def _say(ax: Axes, text: str, centre: bool = True) -> None:
             bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "#CCCCCC"})
 
 
+SUPTITLE_CHARS = 90  # a figure title longer than this runs off the narrowest figure (11 in at 13 pt)
+
+
 def _suptitle(title: str, what: str) -> str:
-    return f"{title} — {what}" if title else what
+    """``title — what`` on one line, or on two when one would run off the figure."""
+    if not title:
+        return what
+    return f"{title} — {what}" if len(title) + len(what) + 3 <= SUPTITLE_CHARS else f"{title}\n{what}"
 
 
 def _saturated(summary: Mapping[str, Mapping[str, Any]], name: str) -> bool:

@@ -268,6 +268,9 @@ def write_outputs(out_dir: Path, scenario: Scenario, dep: Deployment, runs: list
             step_groups = [f"{r.name} · {pool} pool" for r in runs for pool in names]
         slo = scenario.slo
         title = f"{scenario.name}: {dep.model.name} on {dep.gpu.name}"
+        if pools and deployments:  # each pool on its own GPUs: name both, not the decode pool's alone
+            title = f"{scenario.name}: {dep.model.name}, " + ", ".join(
+                f"{pool} on {d.gpu.name}" for pool, d in deployments.items())
         write_plots(out_dir, steps, requests, summary, title=title,
                     slo_ttft_p99_s=slo.ttft_p99_s if slo else None,
                     slo_tpot_p99_s=slo.tpot_p99_s if slo else None, step_groups=step_groups)

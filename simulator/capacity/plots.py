@@ -28,15 +28,17 @@ import matplotlib as mpl
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FuncFormatter, NullFormatter
+
 
 from simulator.capacity.pareto import ParetoPoint
 from simulator.capacity.search import Probe, SearchResult
 from simulator.capacity.sweep import CapacityRow
+from simulator.plots import readable_log_axis
 from simulator.scenario import SLOSpec
 
 DPI = 110
 MAX_PANELS = 24  # beyond this a faceted figure is unreadable; the CSV holds every point
+TITLE_CHARS = 100  # a point figure's title longer than this is broken after its setup
 _RC: dict[str, Any] = {
     "font.size": 9, "axes.titlesize": 9, "legend.fontsize": 8, "axes.spines.top": False,
     "axes.spines.right": False, "axes.grid": True, "grid.color": "#E6E6E6", "axes.axisbelow": True,
@@ -98,10 +100,12 @@ def point_figure(title: str, searches: Mapping[str, Sequence[SearchResult]], slo
                 ax.annotate(f"SLO {bound:g} s", (0.0, bound), xycoords=("axes fraction", "data"),
                             xytext=(3, 3), textcoords="offset points", ha="left", va="bottom",
                             fontsize=8, color=SLO_COLOUR)
-            if key in ("ttft", "tpot"):
+            if key in ("ttft", "tpot") and ax.has_data():
+                # log: p99 latency climbs by orders of magnitude past capacity; a few labelled
+                # ticks whatever the span (linear when it is too narrow for them)
                 ax.set_yscale("log")
-                ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-                ax.yaxis.set_minor_formatter(NullFormatter())
+                if readable_log_axis(ax):
+                    label = label.replace(" (s)", " (s, log scale)")
             ax.set_ylabel(label)
             if not ax.has_data():
                 ax.text(0.5, 0.5, "not recorded", transform=ax.transAxes, ha="center", color="#777777")
@@ -112,6 +116,9 @@ def point_figure(title: str, searches: Mapping[str, Sequence[SearchResult]], slo
         fig.subplots_adjust(bottom=0.10 + 0.03 * math.ceil(len(handles) / ncol))
         fig.legend(handles=handles, loc="lower center", ncol=ncol, frameon=False,
                    bbox_to_anchor=(0.5, 0.0))
+        if len(title) > TITLE_CHARS and " — " in title:  # one line would run off the figure
+            title = title.replace(" — ", "\n", 1)
+            fig.subplots_adjust(top=0.89)
         fig.suptitle(title)
         return fig
 

@@ -87,6 +87,7 @@ class ReplicaRow:
     # pd_ratio knob's column, when swept, holds it as written
     pool_ratio: str | None = None
     setup: str = ""  # model and GPU ("Llama-3.1-70B on H100"; disaggregated: prefill -> decode GPU)
+    router: str = ""  # the routing policy the replicas ran behind (the scenario's router.policy)
 
 
 ROW_FIELDS = tuple(f.name for f in dataclasses.fields(ReplicaRow) if f.name not in ("knobs", "point_index"))
@@ -154,6 +155,7 @@ def summarize_replicas(point: SweepPoint, allocator: str, results: Sequence[Repl
     base: dict[str, Any] = dict(
         point_index=point.index, knobs=point.knobs, allocator=allocator, target_rate_req_s=rate,
         pool_ratio=f"{shape.ratio[0]}:{shape.ratio[1]}" if shape.ratio else None, setup=point_setup(point),
+        router=point.scenario.router.policy if point.scenario is not None else "",
         layout_kind=(f"disagg {shape.ratio[0]}:{shape.ratio[1]} TP{shape.prefill_tp}/TP{shape.decode_tp}"
                      if shape.ratio else aggregated_kind(shape.tp, shape.dp, shape.expert_parallel)),
         gpus_per_replica=None if shape.ratio else shape.gpus,
@@ -247,6 +249,17 @@ COLUMNS: tuple[Column, ...] = (
 TARGET_COLUMN = Column("target req/s", 0, lambda r: _num(r.target_rate_req_s, ".4g"))
 
 
+def routing_text(rows: Sequence[ReplicaRow]) -> str:
+    """How the rows' replicas were routed: ``round-robin routing``, or, where points ran behind
+    different policies, each (``routing per point: least-outstanding, round-robin``)."""
+    policies = list(dict.fromkeys(r.router for r in rows if r.router))
+    if not policies:  # no point could be built: none was routed
+        return ""
+    if len(policies) == 1:
+        return f"{policies[0]} routing"
+    return f"routing per point (capacity.csv's router column): {', '.join(policies)}"
+
+
 def print_replica_table(console: Console, rows: Sequence[ReplicaRow], notes: dict[int, str],
                         out_dir: Path | None, elapsed_s: float) -> list[str]:
     """Print the table fitted to the console (one target: it goes to the title), the lines
@@ -260,7 +273,8 @@ def print_replica_table(console: Console, rows: Sequence[ReplicaRow], notes: dic
     else:
         columns = (TARGET_COLUMN, *COLUMNS)
     dropped = print_fitted(console, heading, columns, rows, BLANK_STATUSES)
-    console.print("replicas: data-parallel copies of the TP group, least-outstanding routing; GPUs = "
+    routing = routing_text(rows)
+    console.print(f"replicas: data-parallel copies of the TP group{', ' + routing if routing else ''}; GPUs = "
                   "replicas × TP (disagg: prefill and decode pools together); latencies measured at "
                   "the target rate; tok/s/user = 1 / mean TPOT", markup=False)
     for r in rows:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -279,3 +280,34 @@ def test_the_plots_draw_each_pool_apart(tmp_path, monkeypatch):
     assert seen["sent"]["paged"].tolist() == [20, 0, 20]
     for png in ("kv_memory.png", "batch_size.png", "replicas.png"):
         assert (out / png).stat().st_size > 0
+
+
+def test_the_pages_label_the_pools_as_they_ran(tmp_path, monkeypatch):
+    """The latency figure draws the one merged run, with no "no requests" note for the pools
+    (they are step groups, not allocators), and report.html names the engine that ran and each
+    pool's GPUs, not the pools as engines."""
+    import simulator.plots as plots
+
+    figures = []
+    latency_figure = plots._latency_figure
+
+    def keep(*args, **kwargs):  # type: ignore[no-untyped-def]
+        figures.append(latency_figure(*args, **kwargs))
+        return figures[-1]
+
+    monkeypatch.setattr(plots, "_latency_figure", keep)
+    path = tmp_path / "d.yaml"
+    path.write_text(json.dumps(scenario(**{"disaggregation.prefill": {"replicas": 2, "gpu": "h200"}})))
+    out = tmp_path / "o"
+    assert main(["simulate", str(path), "--out", str(out), "--quiet"]) == 0
+    (fig,) = figures
+    notes = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert notes == []  # every run drawn has requests: nothing to say over the curves
+    labels = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert [label.split(":")[0] for label in labels] == ["paged", "paged"]  # TTFT, TPOT panels
+    assert "prefill on H200-141GB, decode on H100-80GB" in fig._suptitle.get_text()
+    page = (out / "report.html").read_text()
+    rows = dict(re.findall(r'<th class="key" scope="row">([^<]+)</th><td[^>]*>([^<]*)</td>', page))
+    assert rows["engine"] == "vllm-v1"
+    assert rows["GPU"] == "prefill: H200-141GB; decode: H100-80GB"
+    assert rows["replicas"] == "prefill: 2; decode: 1"

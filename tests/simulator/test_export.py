@@ -201,6 +201,24 @@ def test_sglang_launch_command(tmp_path: Path) -> None:
     assert "--disable-radix-cache" not in flags
 
 
+def test_an_engine_the_plan_did_not_simulate_is_said_so(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """--engine sglang of a plan simulated with vLLM V1: the command is written, with a warning
+    and a comment in both scripts that its figures are not SGLang's and how to simulate them."""
+    path = _scenario(tmp_path)
+    capsys.readouterr()
+    out = _export(tmp_path, path, "--engine", "sglang")
+    note = (f"the sglang plan was not simulated: {path} simulates vllm-v1, so the latencies and "
+            f"capacity kvplan reported for it are not sglang's; to simulate it: simulate {path} "
+            "--set engine=sglang")
+    assert f"kvplan: warning: {note}\n" in capsys.readouterr().err
+    for script in ("serve.sh", "bench.sh"):
+        assert f"\n# NOTE: {note}\n" in (out / script).read_text()
+    # the engine the plan simulates: nothing to say
+    _export(tmp_path, _scenario(tmp_path, engine="sglang"), "--engine", "sglang")
+    assert "not simulated" not in capsys.readouterr().err
+
+
 def test_vllm_v0_and_what_cannot_be_set(tmp_path: Path) -> None:
     path = _scenario(tmp_path, engine="vllm-v0", kv_cache_dtype="fp16", quantization="awq")
     out = _export(tmp_path, path)

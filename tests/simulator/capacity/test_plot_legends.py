@@ -71,3 +71,46 @@ def test_sweep_figures_share_one_legend_under_the_panels() -> None:
     plots._legend_below(fig, axes, extra)
     assert_no_legend_on_data(fig)
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["paged", "contiguous-max", "bars: range"]
+
+
+def labelled_ticks(ax) -> list[str]:  # type: ignore[no-untyped-def]
+    """The tick labels a reader sees on the y axis: drawn, within the limits, not blank."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(ax.figure).draw()
+    lo, hi = sorted(ax.get_ylim())
+    return [t.get_text() for t, v in zip(ax.get_yticklabels(), ax.get_yticks())
+            if t.get_text() and lo * (1 - 1e-9) <= v <= hi * (1 + 1e-9)]
+
+
+@pytest.mark.parametrize(("low", "high", "scale", "ticks"), [
+    (0.02, 0.1, "log", ["0.02", "0.05", "0.1"]),  # within one decade: 1-2-5 steps, not "0.1" alone
+    (0.0005, 3.0, "log", ["0.001", "0.01", "0.1", "1"]),  # decades when the span holds three
+    (0.7, 1.9, "log", ["0.7", "0.8", "0.9", "1"]),  # a factor of 2.7: every unit step
+    (0.0561, 0.0567, "linear", None),  # too narrow for a log scale to label: linear
+])
+def test_log_axes_carry_a_few_labelled_ticks(low: float, high: float, scale: str, ticks) -> None:  # type: ignore[no-untyped-def]
+    from matplotlib.figure import Figure
+
+    from simulator.plots import MIN_LOG_TICKS, readable_log_axis
+
+    ax = Figure().subplots()
+    ax.plot([1, 2], [low, high])
+    ax.set_yscale("log")
+    ax.set_ylim(low, high)
+    readable_log_axis(ax)
+    shown = labelled_ticks(ax)
+    assert ax.get_yscale() == scale and len(shown) >= MIN_LOG_TICKS, shown
+    if ticks is not None:
+        assert shown == ticks
+
+
+def test_point_plots_label_their_latency_axes(by_allocator) -> None:
+    """p99 TTFT and TPOT panels (log, or linear where the probes' span is narrow) show at least
+    a few labelled ticks and say which scale they use."""
+    from simulator.plots import MIN_LOG_TICKS
+
+    fig = plots.point_figure("t", by_allocator, search.SLOSpec(ttft_p99_s=0.3, tpot_p99_s=0.1))
+    for ax in fig.axes[1:3]:
+        assert len(labelled_ticks(ax)) >= MIN_LOG_TICKS, ax.get_ylabel()
+        assert ax.get_ylabel().endswith("(s, log scale)") == (ax.get_yscale() == "log")

@@ -77,7 +77,7 @@ def test_table_columns_answers_and_cost(tmp_path: Path) -> None:
         "price_usd_per_gpu_hour", "rate_per_gpu_req_s", "ttft_p99_s", "tpot_p99_s", "throughput_tok_s",
         "goodput_req_s", "limited_by", "kv_used_peak", "num_seeds", "num_probes", "window_s", "message",
         "window_note", "max_gpus", "prefill_replicas", "decode_replicas", "tok_s_per_gpu", "tok_s_per_user",
-        "pool_ratio", "setup"]
+        "pool_ratio", "setup", "router"]
     got = [(r["point"], r["target_rate_req_s"], r["status"], r["num_replicas"], r["num_gpus"]) for r in rows]
     # ⌈6 × 0.4⌉ = 3 and ⌈23.5 × 0.4⌉ = 10 replicas, of 1 and then 2 GPUs each
     assert got == [("0", "6", "ok", "3", "3"), ("0", "23.5", "ok", "10", "10"),
@@ -148,6 +148,26 @@ def test_table_is_printed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     out = capsys.readouterr().out
     assert "fewest replicas that hold the target rate under the SLO — target 6 req/s" in out
     assert "GPUs" in out and "$/h" in out and "capacity.csv" in out
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "least-outstanding"])
+def test_the_footer_names_the_router_that_ran(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              policy: str) -> None:
+    path = scenario_file(tmp_path, router={"policy": policy})
+    run(str(path), "--target-rate", "6", "--jobs", "1", "--seeds", "1", "--no-plots", "--no-sweep",
+        "--out", str(tmp_path / "o"))
+    out = " ".join(capsys.readouterr().out.split())  # rich may wrap the line
+    assert f"replicas: data-parallel copies of the TP group, {policy} routing;" in out
+    assert {r["router"] for r in read_csv(tmp_path / "o" / "capacity.csv")} == {policy}
+
+
+def test_the_footer_names_each_router_of_a_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = scenario_file(tmp_path, sweep={"router.policy": ["round-robin", "least-outstanding"]})
+    run(str(path), "--target-rate", "6", "--jobs", "1", "--seeds", "1", "--no-plots", "--out",
+        str(tmp_path / "o"))
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("routing per point (capacity.csv's router column): round-robin, least-outstanding;"
+            in out)
 
 
 EXPECTS = "expects positive numbers (comma-separated or repeated), got"
