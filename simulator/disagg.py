@@ -57,7 +57,7 @@ from simulator import metrics, report
 from simulator.deployment import Deployment, build_deployment
 from simulator.engine import SimResult, TimesTable
 from simulator.errors import KvplanError
-from simulator.outputs import default_out_dir, open_output
+from simulator.outputs import RunSource, default_out_dir, open_output
 from simulator.run import (SIMULATE_FILES, AllocatorRun, client_policy, load_workload, make_progress,
                            run_allocator, write_outputs)
 from simulator.scenario import LinkSpec, PoolSpec, Scenario
@@ -149,6 +149,10 @@ def _pool_figures(dep: Deployment, summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+CLOSED_LOOP_REFUSED = ("disaggregation: open-loop workloads only (the decode side's arrivals come from the "
+                       "prefill side's run): drop workload.concurrency, or give an arrival rate")
+
+
 def simulate_disaggregated(prefill: Deployment, decode: Deployment, link: LinkSpec,
                            requests: list[Request], *, clients: Clients = OPEN_LOOP,
                            progress: Progress | None = None, record_steps: bool | str = True,
@@ -156,8 +160,7 @@ def simulate_disaggregated(prefill: Deployment, decode: Deployment, link: LinkSp
     """Run the two passes and the link (module docstring) and merge them: the merged
     :class:`simulator.run.AllocatorRun` (named ``paged``), and the two passes' runs."""
     if clients.gated:
-        raise KvplanError("disaggregation: open-loop workloads only (the decode side's arrivals "
-                          "come from the prefill side's run)")
+        raise KvplanError(CLOSED_LOOP_REFUSED)
     n = len(requests)
     first = [dataclasses.replace(r, output_tokens=1) for r in requests]
     run_p = run_allocator(prefill, "paged", first, progress=progress, record_steps=record_steps,
@@ -259,16 +262,21 @@ def simulate_disaggregated(prefill: Deployment, decode: Deployment, link: LinkSp
 
 def run_disaggregated(scenario: Scenario, base_dir: Path, path: str, *, out: str | None,
                       quiet: bool, plots: bool, force_profile: bool, steps: str,
-                      step_bin_s: float) -> tuple[Path, dict[str, Any]]:
+                      step_bin_s: float, source: RunSource | None = None,
+                      replace: bool = False) -> tuple[Path, dict[str, Any]]:
     """``simulate`` of a scenario with ``disaggregation:``: both pools, the link, one merged run
-    written as any other (run.json also describes each pool under ``deployments``)."""
+    written as any other (run.json also describes each pool under ``deployments``). ``source``
+    and ``replace``: whose run the folder holds (:func:`simulator.outputs.open_output`)."""
+    if scenario.workload.closed_loop:
+        raise KvplanError(f"{path}: {CLOSED_LOOP_REFUSED}")
     prefill, decode = build_pools(scenario, base_dir, force_profile=force_profile, where=path)
     fit = load_workload(scenario, base_dir, decode.scheduler_config.max_model_len)
     clients = client_policy(scenario, len(fit.requests))
     assert scenario.disaggregation is not None
     link = scenario.disaggregation.link
     out_dir = Path(out) if out else default_out_dir(scenario.name, where=path)
-    with open_output(out_dir, command="simulate", recognised=SIMULATE_FILES) as folder:
+    with open_output(out_dir, command="simulate", recognised=SIMULATE_FILES, source=source,
+                     replace=replace) as folder:
         progress = make_progress(quiet)
         if progress is not None:
             with progress:
