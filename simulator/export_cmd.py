@@ -2,8 +2,8 @@
 
 Examples::
 
-    kvplan export scenarios/chat.yaml                    # into runs/chat/export/
-    kvplan export runs/chat --out /tmp/chat-export       # a run folder: the scenario it ran
+    kvplan export scenarios/chat.yaml                    # into runs/chat-export/
+    kvplan export runs/chat                              # a run folder: the scenario it ran, into runs/chat-export/
     kvplan export scenarios/engines.yaml --engine sglang
 
 Writes three files (and prints the two scripts):
@@ -73,8 +73,11 @@ def add_parser(subparsers: Any) -> None:
                    help="the simulated allocator to reproduce (default paged: the only one a "
                         "serving engine runs)")
     p.add_argument("--engine", help="vllm-v1, vllm-v0 or sglang (default: the scenario's)")
-    p.add_argument("--out", help="output folder (default: RUN_DIR/export, or "
-                                 "runs/<scenario name>/export)")
+    p.add_argument("--out", help="output folder (default: RUN_DIR-export beside the run folder, or "
+                                 "runs/<scenario name>-export)")
+    from simulator.outputs import add_replace_arg
+
+    add_replace_arg(p)
     p.set_defaults(func=run)
 
 
@@ -145,15 +148,24 @@ class Export:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``kvplan export``: write serve.sh, bench.sh and trace.jsonl, print the scripts."""
-    from simulator.outputs import default_out_dir, open_output
+    from simulator.outputs import RunSource, default_out_dir, open_output, recorded_inputs
 
     source = Path(args.source)
     scenario, base_dir, default_out = _load(source)
     exported = build_export(scenario, base_dir, engine=args.engine, allocator=args.allocator,
                             where=str(source))
+    # Beside the run folder, never inside it: a re-run of simulate replaces its folder as a whole.
     out = Path(args.out) if args.out else default_out or default_out_dir(
-        scenario.name, suffix="/export", where=str(source))
-    with open_output(out, command="export", recognised=EXPORT_FILES) as folder:
+        scenario.name, suffix="-export", where=str(source))
+    words = [str(source), *([f"--engine {args.engine}"] if args.engine else []),
+             *([f"--allocator {args.allocator}"] if args.allocator != "paged" else [])]
+    # an export of a run folder is one of the scenario file that run was a run of, where recorded
+    inputs = (recorded_inputs(source) if source.is_dir() else None) or [source]
+    run_source = RunSource.of("export", inputs, {"scenario": scenario.model_dump(mode="json"),
+                                                   "engine": args.engine, "allocator": args.allocator},
+                              " ".join(words))
+    with open_output(out, command="export", recognised=EXPORT_FILES, source=run_source,
+                     replace=args.replace) as folder:
         (folder.staging / "serve.sh").write_text(exported.serve_script(), encoding="utf-8")
         (folder.staging / "bench.sh").write_text(exported.bench_script(), encoding="utf-8")
         with open(folder.staging / "trace.jsonl", "w", encoding="utf-8") as f:
@@ -184,7 +196,7 @@ def _load(source: Path) -> tuple[Scenario, Path, Path | None]:
     # run.json keeps the resolved scenario but not the scenario file's folder: relative paths
     # (a trace file, a profile) resolve against the working folder, as on the command line.
     data = _given(Scenario, meta["scenario"])
-    return parse_scenario(data, str(meta_path)), Path.cwd(), source / "export"
+    return parse_scenario(data, str(meta_path)), Path.cwd(), source.parent / f"{source.name}-export"
 
 
 def _given(model: Any, data: dict[str, Any]) -> dict[str, Any]:

@@ -65,7 +65,7 @@ from simulator.capacity.sweep import (
 from simulator.capacity.table import print_table
 from simulator.errors import KvplanError
 from simulator.html_report import write_report
-from simulator.outputs import default_out_dir, open_output
+from simulator.outputs import RunSource, default_out_dir, open_output
 from simulator.run import scenario_overrides
 from simulator.scenario import Scenario
 from workloads.spec import parse_workload
@@ -90,13 +90,22 @@ def run(args: argparse.Namespace) -> int:
         num_seeds=args.seeds, tolerance=args.tolerance, start_rate=args.start_rate,
         executor=args.executor, address=args.address, jobs=args.jobs, prices=args.price, out=args.out,
         plots_on=not args.no_plots, use_cache=not args.no_cache, quiet=args.quiet, search=args.search,
-        file_sweep=not args.no_sweep, warm_start=not args.no_warm_start,
+        file_sweep=not args.no_sweep, warm_start=not args.no_warm_start, replace=args.replace,
     )
     failed = sum(1 for r in report.rows if r.status == "failed")
     if failed and not args.quiet:
         print(f"kvplan: capacity: {failed} of {len({r.point_index for r in report.rows})} sweep points "
               f"failed, the others were searched (exit status {report.exit_code})", file=sys.stderr)
     return report.exit_code
+
+
+def capacity_source(path: str, file: Any, sweeps: Sequence[str], overrides: Sequence[str],
+                    flags: dict[str, Any]) -> RunSource:
+    """Whose run a capacity folder holds: the scenario file, with its resolved keys, sweep and
+    search flags as the settings (:class:`simulator.outputs.RunSource`)."""
+    words = [path, *(f"--sweep {s}" for s in sweeps), *(f"--set {o}" for o in overrides)]
+    return RunSource.of("capacity", [path], {"data": file.data, "sweep": file.sweep, **flags},
+                        " ".join(words))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -122,12 +131,13 @@ def run_capacity(path: str, *, allocators: Sequence[str] | None = None, sweeps: 
                  jobs: int | None = None, prices: Sequence[str] = (), out: str | None = None,
                  plots_on: bool = True, use_cache: bool = True, quiet: bool = False,
                  search: str = "rate", file_sweep: bool = True,
-                 warm_start: bool = True) -> CapacityReport:
+                 warm_start: bool = True, replace: bool = False) -> CapacityReport:
     """Search every (point, allocator, seed), write ``capacity.csv``/``capacity.json``/plots
     (and ``pareto.csv`` for ``search="concurrency"``). ``file_sweep`` False: the file's
     ``sweep:`` is ignored, only ``sweeps`` vary. ``warm_start``: the rate searches of points
     that differ only in the sweep's last knob run as a chain, each starting from the previous
     one's answer (:func:`simulator.capacity.search.run_chain`); False: each from its own bound.
+    ``replace``: write over a folder holding a run of another scenario (:mod:`simulator.outputs`).
 
     Every input is checked before any simulation starts. A point that cannot be deployed is a
     ``failed`` row; if no point can be, KvplanError (after the CSV is written). Ctrl-C
@@ -147,7 +157,12 @@ def run_capacity(path: str, *, allocators: Sequence[str] | None = None, sweeps: 
                           search)
     # Locked from here: a second run into out_dir is refused. The results replace the folder once
     # all are written; the probe cache stays in place (it lets an interrupted sweep resume).
-    with open_output(out_dir, command="capacity", keep=(CACHE_DIR,), recognised=CAPACITY_FILES) as folder:
+    source = capacity_source(path, file, sweeps, overrides,
+                             {"search": search, "seeds": num_seeds, "tolerance": tolerance,
+                              "start_rate": start_rate, "prices": sorted(price_overrides.items()),
+                              "warm_start": warm_start})
+    with open_output(out_dir, command="capacity", keep=(CACHE_DIR,), recognised=CAPACITY_FILES,
+                     source=source, replace=replace) as folder:
         if cache_dir is not None:
             remove_partial_writes(cache_dir)  # the lock is ours: any partial write is a dead run's
         started = time.perf_counter()
@@ -334,7 +349,14 @@ def check_searchable(scenario: Scenario, where: str, search: str) -> str | None:
             raise KvplanError(f"{where}: workload.concurrency sends requests from closed-loop clients, "
                               "which have no rate to search: use --search concurrency")
         # the search sets a finite rate: the workload must then be valid (arrival times needed)
-        parse_workload({**spec.model_dump(exclude_unset=True), "rate": 1.0, "rate_scale": None}, where)
+        try:
+            parse_workload({**spec.model_dump(exclude_unset=True), "rate": 1.0, "rate_scale": None}, where)
+        except KvplanError:
+            if spec.rate is not None and math.isinf(spec.rate):
+                raise KvplanError(f"{where}: workload.rate: inf is a burst (every request at t = 0), which "
+                                  "has no rate to search: give workload.arrival (e.g. {process: poisson, "
+                                  "rate: 1}) to search its rate, or use --search concurrency") from None
+            raise
         return None
     try:
         spec.closed_loop_at(1, where)  # e.g. a synthetic duration_s: no requests without a rate

@@ -18,6 +18,8 @@ DEFAULT_MAX_REPLICAS = 64  # --max-replicas: the most replicas a --target-rate s
 
 def add_parser(subparsers: Any) -> None:
     """Add the ``capacity`` subcommand to an ``argparse`` subparsers object."""
+    from simulator.outputs import add_replace_arg  # standard library only, as this module
+
     p = subparsers.add_parser(
         "capacity", help="max sustainable request rate under the SLO, with sweeps",
         description="For each allocator (and each point of a sweep), find the highest request rate at "
@@ -59,6 +61,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--price", action="append", default=[], metavar="GPU=USD_PER_HOUR",
                    help="override a GPU's price per GPU-hour (repeatable)")
     p.add_argument("--out", help="output folder (default: runs/<scenario name>-capacity/)")
+    add_replace_arg(p)
     p.add_argument("--no-plots", action="store_true", help="skip plots (and KV recording on every probe)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the probe cache")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no table")
