@@ -133,7 +133,32 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             importlib.import_module(module).add_parser(sub)
     if command is None:
         _add_plugins(sub)
+    for p in (parser, *sub.choices.values()):
+        p._negative_number_matcher = _NEGATIVE_NUMBER  # type: ignore[attr-defined]
     return parser
+
+
+class _NegativeNumber:
+    """What argparse takes for a negative number, hence for an option's value rather than an
+    option: any text ``float`` reads that starts with ``-`` (``-5``, ``-1e3``, ``-inf``,
+    ``-nan``). argparse's own pattern knows only ``-5`` and ``-.5``, and would take ``--rate
+    -inf`` for two options ("expected one argument"); with this one the command's own check
+    says what is wrong with the value ("--rate must be positive, got -inf"). argparse calls
+    ``.match`` on its parser's ``_negative_number_matcher``, the one thing replaced; no option
+    of kvplan's looks like a number, so none is shadowed."""
+
+    @staticmethod
+    def match(text: str) -> bool:
+        if not text.startswith("-"):
+            return False
+        try:
+            float(text)
+        except ValueError:
+            return False
+        return True
+
+
+_NEGATIVE_NUMBER = _NegativeNumber()
 
 
 _python_show_warning = warnings.showwarning

@@ -93,11 +93,9 @@ class Deployment:
             return HybridPagedAllocator(self.num_blocks, self.capacity.kv_groups,
                                         enable_prefix_caching=cfg.enable_prefix_caching)
         if name == "paged":
-            offload = self.scenario.kv_offload  # vllm/v1/kv_offload/cpu/spec.py: whole-replica blocks
             return PagedAllocator(self.num_blocks, cfg.block_size,
                                   enable_prefix_caching=cfg.enable_prefix_caching,
-                                  offload_blocks=int(offload.size_gib * GIB) // (
-                                      self.capacity.block_bytes * self.capacity.tp) if offload else 0)
+                                  offload_blocks=offload_blocks(self.scenario, self.capacity))
         # the contiguous baselines: loaded by the runs that compare against them
         from simulator.kv.contiguous import ContiguousAllocator
         from simulator.kv.hybrid_contiguous import HybridContiguousAllocator
@@ -244,6 +242,7 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
     knobs = engine_defaults(scenario, gpu, max_model_len)
     max_seqs, batched, block_size = knobs.max_num_seqs, knobs.max_num_batched_tokens, knobs.block_size
     sglang = scenario.engine == "sglang"
+    _check_drafting_slots(scenario, batched, where)
 
     def capacity_at(tp: int, kv_cache_dtype: str) -> KVCapacity:
         return kv_capacity(
@@ -263,7 +262,8 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
                             max_model_len=max_model_len,
                             num_gpu_blocks_override=scenario.num_gpu_blocks_override,
                             capacity_at=capacity_at)
-    said = startup.raise_or_warnings(where, scenario.allow_refused)
+    said = startup.raise_or_warnings(where, scenario.allow_refused) + tuple(
+        _offload_dropped(scenario, cap))
     for warning in said:
         warn_user(f"{where}: {warning}")
     num_blocks = scenario.num_gpu_blocks_override or cap.num_blocks
@@ -295,6 +295,38 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
     return Deployment(scenario, model, gpu, cap, num_blocks, sched, latency, said)
 
 
+def offload_blocks(scenario: Scenario, cap: KVCapacity) -> int:
+    """Blocks of the ``kv_offload`` CPU tier of one replica (0 without it): vLLM's
+    ``cpu_bytes_to_use // (page bytes × layers × world_size)``, a block holding every rank's
+    share (vllm/v1/kv_offload/cpu/spec.py)."""
+    offload = scenario.kv_offload
+    return int(offload.size_gib * GIB) // (cap.block_bytes * cap.tp) if offload else 0
+
+
+def _offload_dropped(scenario: Scenario, cap: KVCapacity) -> list[str]:
+    """What of ``kv_offload:`` the run leaves out, to be said rather than dropped in silence:
+    a tier too small for one block (size_gib 0 included), a hybrid model's pool (its allocator
+    models no tier), the contiguous allocators (which model none)."""
+    if scenario.kv_offload is None:
+        return []
+    size = scenario.kv_offload.size_gib
+    if not offload_blocks(scenario, cap):
+        less = "" if size == 0 else (f" is less than one KV block ({cap.block_bytes * cap.tp:,}"
+                                     " bytes a replica), so it")
+        return [f"kv_offload: size_gib {size:g}{less} gives no CPU tier: the run is the same as"
+                " without kv_offload"]
+    said = []
+    if "paged" in scenario.allocators and cap.kv_groups is not None:
+        said.append("kv_offload: the CPU tier is not modelled for a model with several KV cache"
+                    " groups (sliding-window, chunked or linear-attention layers): allocator paged"
+                    " runs without it")
+    contiguous = [a for a in scenario.allocators if a != "paged"]
+    if contiguous:
+        said.append(f"kv_offload: the CPU tier is modelled for allocator paged only; "
+                    f"{', '.join(contiguous)} run{'s' if len(contiguous) == 1 else ''} without it")
+    return said
+
+
 def _drafter_model(scenario: Scenario, target: ModelConfig, where: str) -> ModelConfig | None:
     """The model whose weights and passes speculative decoding adds: the catalog draft model,
     an EAGLE/MTP head (simulator/latency/speculative.py), or None (n-gram, or no speculation)."""
@@ -304,9 +336,17 @@ def _drafter_model(scenario: Scenario, target: ModelConfig, where: str) -> Model
     if spec.method in ("eagle", "mtp"):
         return draft_head_model(target)
     try:
-        return load_model(spec.draft_model)  # type: ignore[arg-type]
+        drafter = load_model(spec.draft_model)  # type: ignore[arg-type]
     except KvplanError as err:
         raise KvplanError(f"{where}: speculative.draft_model: {err}") from None
+    # vLLM refuses a draft model whose vocabulary size differs from the target's
+    # (vllm/config/speculative.py, SpeculativeConfig.verify_equal_vocab_size_if_draft_model,
+    # called by _verify_args unless use_heterogeneous_vocab, which kvplan does not model)
+    if drafter.vocab_size != target.vocab_size:
+        raise KvplanError(f"{where}: speculative.draft_model: {drafter.name} has a vocabulary of"
+                          f" {drafter.vocab_size:,} tokens, {target.name} of {target.vocab_size:,};"
+                          " vLLM requires a draft model with the target's vocabulary size")
+    return drafter
 
 
 def _blocks_less_draft_weights(scenario: Scenario, drafter: ModelConfig, gpu: GPUSpec,
@@ -347,6 +387,23 @@ def _speculative_latency(scenario: Scenario, base: LatencyModel, drafter: ModelC
                                 kv_cache_dtype=scenario.kv_cache_dtype, block_size=block_size,
                                 constants=base.constants, step_overhead_s=0.0, prefill_overhead_s=0.0)
     return SpeculativeLatency(base, spec.num_speculative_tokens, draft)
+
+
+def _check_drafting_slots(scenario: Scenario, max_num_batched_tokens: int, where: str) -> None:
+    """vLLM refuses to start when the token budget leaves no slot beside the draft slots each
+    request adds (vllm/config/vllm.py, ``VllmConfig._set_max_num_scheduled_tokens``: "does not
+    have enough slots to schedule a token", when ``max_num_batched_tokens <=
+    max_num_new_slots_for_drafting``). Those slots (vllm/config/speculative.py,
+    ``SpeculativeConfig.max_num_new_slots_for_drafting``): 1 for a draft model, whose input keeps
+    one unsliced token, 0 for EAGLE, MTP and n-gram (kvplan models no parallel drafting). Past
+    that vLLM starts, and its scheduler cuts each verify to the budget (drafts that do not fit
+    are dropped), as kvplan's does (simulator/scheduler/spec.py)."""
+    spec = scenario.speculative
+    slots = 1 if spec is not None and spec.method == "draft_model" else 0
+    if spec is not None and max_num_batched_tokens <= slots:
+        raise KvplanError(f"{where}: speculative: max_num_batched_tokens {max_num_batched_tokens}"
+                          f" leaves no token beside the {slots} draft slot a {spec.method} request"
+                          " adds; vLLM refuses to start: raise max_num_batched_tokens")
 
 
 def _spec_knobs(scenario: Scenario) -> dict[str, Any]:

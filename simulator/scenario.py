@@ -136,6 +136,17 @@ class RouterSpec(_Spec):
     block_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = 16
     lru_capacity_blocks: Annotated[int, Field(ge=1)] = 31250
 
+    @model_validator(mode="before")
+    @classmethod
+    def _a_mapping(cls, data: object) -> object:
+        """``router: least-outstanding`` (a policy name where the mapping belongs) is an error
+        that shows how to write it, rather than pydantic's "a valid dictionary or instance of
+        RouterSpec"."""
+        if isinstance(data, str):
+            raise ValueError(f"a mapping, not a policy name: write router: {{policy: {data}}} (on the "
+                             f"command line, --set router.policy={data})")
+        return data
+
     @field_validator("policy")
     @classmethod
     def _policy(cls, value: str) -> str:
@@ -222,6 +233,10 @@ class ExpertRoutingSpec(_Spec):
 
 
 SPEC_METHODS: tuple[str, ...] = ("eagle", "draft_model", "mtp", "ngram")
+# Draft tokens a request may verify in one step: vLLM's rejection sampler takes at most
+# MAX_SPEC_LEN = 128 (vllm/v1/sample/rejection_sampler.py; RejectionSampler.forward asserts
+# metadata.max_spec_len <= MAX_SPEC_LEN, so a step with more drafts fails).
+MAX_SPECULATIVE_TOKENS = 128
 
 
 class SpeculativeSpec(_Spec):
@@ -246,6 +261,9 @@ class SpeculativeSpec(_Spec):
         k = self.num_speculative_tokens
         if k < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {k}")
+        if k > MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"num_speculative_tokens {k} exceeds vLLM's limit of"
+                             f" {MAX_SPECULATIVE_TOKENS} draft tokens per request and step")
         if (self.acceptance_rate is None) == (self.per_position is None):
             raise ValueError("give acceptance_rate or per_position (one of them)")
         if self.per_position is not None and len(self.per_position) != k:

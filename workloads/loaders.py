@@ -9,7 +9,11 @@ Every row is validated and a bad one raises :class:`KvplanError` naming the file
 (``trace.csv:17: ContextTokens 'abc' is not an integer``): prompts need at least one token,
 outputs too (every request generates at least one token), and no length may exceed
 :data:`MAX_TOKENS`. Timestamps must not go backwards: an unsorted trace is an error, never
-silently sorted, because a sort would hide a broken export (a merged or shuffled file).
+silently sorted, because a sort would hide a broken export (a merged or shuffled file). No
+request may arrive more than :data:`MAX_ARRIVAL_S` after the first: such a timestamp is a
+corrupt row too, and a span of 1e300 s would overflow the statistics of the run. A JSON-lines
+row nested deeper than :data:`simulator.yamlfile.MAX_NESTING` levels is refused before it is
+parsed (Python's parser would end in a RecursionError).
 """
 
 from __future__ import annotations
@@ -28,11 +32,16 @@ from pathlib import Path
 from typing import Any, Literal, TextIO, get_args
 
 from simulator.errors import KvplanError, did_you_mean, unknown_name
+from simulator.yamlfile import MAX_NESTING, check_json_nesting
 from workloads.request import Request, cyclic_gc_paused
 
 log = logging.getLogger(__name__)
 
 MAX_TOKENS = 10_000_000  # longer than any context window: such a length is a corrupt row
+# Seconds from the first arrival to the last that a workload may span: 10^8 s, about 3.2 years.
+# BurstGPT, the longest public trace kvplan reads, spans 121 days (timestamps up to 1.05e7 s).
+MAX_ARRIVAL_S = 1e8
+MAX_ARRIVAL_TEXT = "10^8 s (about 3 years)"
 MOONCAKE_BLOCK_TOKENS = 512  # tokens named by one Mooncake hash id
 
 TraceFormat = Literal["auto", "azure", "mooncake", "burstgpt", "csv", "jsonl"]
@@ -232,24 +241,35 @@ class _Shared:
 
 
 class _TimeOrder:
-    """Timestamps must not go backwards (see the module docstring): each row is checked against
-    the one before it. The raw texts are kept only to name them in the error."""
+    """Timestamps must not go backwards, nor more than :data:`MAX_ARRIVAL_S` past the first
+    (see the module docstring): each row is checked against the one before it and the first.
+    The raw texts are kept only to name them in the error."""
 
-    __slots__ = ("_last_s", "_last_raw")
+    __slots__ = ("_last_s", "_last_raw", "_limit_s")
 
     def __init__(self) -> None:
         self._last_s = -math.inf
         self._last_raw: object = ""
+        self._limit_s = math.inf  # the first timestamp + MAX_ARRIVAL_S, once it is read
 
     def check(self, line_where: str, time_s: float, time_raw: object) -> None:
         if time_s < self._last_s:
             raise _backwards(line_where, time_raw, self._last_raw)
+        if time_s > self._limit_s:
+            raise _too_late(line_where, time_raw, time_s - (self._limit_s - MAX_ARRIVAL_S))
+        if self._limit_s == math.inf:
+            self._limit_s = time_s + MAX_ARRIVAL_S
         self._last_s, self._last_raw = time_s, time_raw
 
 
 def _backwards(line_where: str, time_raw: object, last_raw: object) -> KvplanError:
     return KvplanError(f"{line_where}: timestamp goes backwards ({_raw_text(time_raw)} < "
                        f"{_raw_text(last_raw)}); sort the trace first")
+
+
+def _too_late(line_where: str, time_raw: object, span_s: float) -> KvplanError:
+    return KvplanError(f"{line_where}: timestamp {_raw_text(time_raw)} is {span_s:.3g} s after the"
+                       f" first request's, past the limit of {MAX_ARRIVAL_TEXT}")
 
 
 def _raw_text(value: object) -> str:
@@ -331,6 +351,8 @@ def _json_lines(f: TextIO, where: str) -> Iterator[tuple[str, dict[str, Any]]]:
             continue
         empty = False
         line_where = f"{where}:{line_no}"
+        if line.count("[") + line.count("{") > MAX_NESTING:  # (counted inline: a row's common path)
+            check_json_nesting(line, where, line_no)
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as err:
@@ -367,7 +389,7 @@ def _azure_rows(path: Path) -> Iterator[_Row]:
     times = _DatetimeParser("TIMESTAMP")
     quick_seconds = times.quick_seconds
     shared = _Shared().value
-    last_s, last_stamp = -math.inf, ""
+    last_s, last_stamp, limit_s = -math.inf, "", math.inf
     with _open_text(path) as f:
         reader = csv.reader(f)
         try:
@@ -393,6 +415,11 @@ def _azure_rows(path: Path) -> Iterator[_Row]:
                     output = _output_tokens(generated, "GeneratedTokens", line_where)
                 if time_s < last_s:
                     raise _backwards(f"{where}:{reader.line_num}", stamp, last_stamp)
+                if time_s > limit_s:
+                    raise _too_late(f"{where}:{reader.line_num}", stamp,
+                                    time_s - (limit_s - MAX_ARRIVAL_S))
+                if limit_s == math.inf:
+                    limit_s = time_s + MAX_ARRIVAL_S
                 last_s, last_stamp = time_s, stamp
                 yield time_s, shared(prompt), shared(output), ()
         except csv.Error as err:
@@ -615,6 +642,7 @@ def detect_format(path: str | Path) -> str:
     path = Path(path)
     first = _first_line(path)
     if _looks_like_json(path):  # after _first_line: a missing or empty file fails there
+        check_json_nesting(first, str(path))
         try:
             keys = set(json.loads(first))
         except (json.JSONDecodeError, TypeError):

@@ -50,7 +50,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from simulator.errors import KvplanError, did_you_mean, warn_user
 from workloads import synthetic
 from workloads.clients import Clients
-from workloads.loaders import MAX_TOKENS, TraceFormat, bundled_trace_path, iter_trace
+from workloads.loaders import (MAX_ARRIVAL_S, MAX_ARRIVAL_TEXT, MAX_TOKENS, TraceFormat,
+                               bundled_trace_path, iter_trace)
 from workloads.request import Request, cyclic_gc_paused
 
 log = logging.getLogger(__name__)
@@ -293,6 +294,11 @@ class WorkloadSpec(_Spec):
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkloadSpec:
+        for key in ("start_s", "duration_s", "think_time_s"):  # seconds on the arrivals' clock
+            value = getattr(self, key)
+            if value is not None and value > MAX_ARRIVAL_S:
+                raise ValueError(f"{key} {value:g} s is past the limit on arrival times,"
+                                 f" {MAX_ARRIVAL_TEXT}")
         if self.rate is not None and self.rate_scale is not None:
             # Two ways to say one thing; a rate on the command line replaces the file's rate_scale
             # (simulator.run.scenario_overrides), so both here means both were written together.
@@ -401,6 +407,11 @@ def _arrivals_s(spec: WorkloadSpec, rng: np.random.Generator) -> synthetic.Float
     assert spec.arrival is not None
     rate = spec.rate if spec.rate is not None else spec.arrival.rate
     assert rate is not None
+    if rate * (spec.rate_scale or 1.0) * MAX_ARRIVAL_S < 1.0:  # the mean gap alone is too long
+        scaled = "" if spec.rate_scale is None else f" × rate_scale {spec.rate_scale:g}"
+        raise KvplanError(f"a rate of {rate:g} req/s{scaled} spaces arrivals"
+                          f" {1 / (rate * (spec.rate_scale or 1.0)):.3g} s apart on average, past"
+                          f" the limit on arrival times of {MAX_ARRIVAL_TEXT}")
     return synthetic.arrival_times_s(
         spec.arrival.process, rate * (spec.rate_scale or 1.0), rng,
         cv=getattr(spec.arrival, "cv", 1.0), num_requests=spec.num_requests,
@@ -424,6 +435,7 @@ def _synthesize(spec: WorkloadSpec, seed: int, base_dir: Path) -> list[Request]:
         prefix = synthetic.SharedPrefix(sp.groups, sp.prefix_tokens, sp.popularity, sp.zipf_s,
                                         sp.block_tokens)
         groups = prefix.sample_groups(num, group_rng)
+    _check_span(arrivals[-1] if num else 0.0, spec)
     return synthetic.make_requests(arrivals, prompts, outputs, n=spec.n,
                                    beam_width=spec.beam_width, groups=groups, shared_prefix=prefix)
 
@@ -483,7 +495,9 @@ def _shape(read: Callable[[], Iterator[Request]], spec: WorkloadSpec) -> list[Re
 
 def _finish(requests: list[Request], num: int | None, spec: WorkloadSpec) -> list[Request]:
     """The last steps of :func:`_shape`: warn if fewer than ``num`` requests were found, then
-    set ``n`` and ``beam_width`` (in place: a copy of a big list would double the peak)."""
+    set ``n`` and ``beam_width`` (in place: a copy of a big list would double the peak). The
+    last arrival must be within :data:`~workloads.loaders.MAX_ARRIVAL_S` of the first."""
+    _check_span(requests[-1].arrival_s if requests else 0.0, spec)
     if num is not None and len(requests) < num:
         warn_fewer_requests(num, len(requests), spec)
     if spec.n != 1 or spec.beam_width != 1:
@@ -492,6 +506,21 @@ def _finish(requests: list[Request], num: int | None, spec: WorkloadSpec) -> lis
                                   spec.n, spec.beam_width, r.prefix_ids, r.prefix_block_tokens,
                                   r.kv_ready_tokens)
     return requests
+
+
+def _check_span(last_s: float, spec: WorkloadSpec) -> None:
+    """A workload whose last request arrives ``last_s`` after the first (at 0.0) is refused past
+    :data:`~workloads.loaders.MAX_ARRIVAL_S` (a trace's own rows are checked as they are read;
+    a rate or rate_scale can still stretch them, a sampled gap still land that far)."""
+    if not last_s <= MAX_ARRIVAL_S:
+        if spec.rate_scale is not None:
+            cause = f": rate_scale {spec.rate_scale:g} stretches the workload that far"
+        elif spec.rate is not None:
+            cause = f": rate {spec.rate:g} req/s stretches the workload that far"
+        else:
+            cause = ""
+        raise KvplanError(f"the last request arrives {last_s:.3g} s after the first, past the"
+                          f" limit on arrival times of {MAX_ARRIVAL_TEXT}{cause}")
 
 
 def warn_fewer_requests(asked: int, found: int, spec: WorkloadSpec) -> None:
@@ -595,6 +624,10 @@ def _quoted_choices(text: str) -> list[str]:
     return re.findall(r"'([^']*)'", text)
 
 
+# pydantic's error types for a value outside a field's bounds (Field(gt=..., le=...))
+_RANGE_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
+
+
 def format_validation_error(
     err: ValidationError, where: str, *, model: type[BaseModel],
     loc_prefix: Sequence[str] = (),
@@ -631,6 +664,9 @@ def format_validation_error(
                    + (did_you_mean(tag, tags) or f" (known: {', '.join(tags)})"))
     elif kind == "literal_error" and isinstance(given, str):
         message = f"{message} (got '{given}')" + did_you_mean(given, _quoted_choices(message))
+    elif kind in _RANGE_ERRORS and isinstance(given, float) and math.isnan(given):
+        # NaN fails every comparison, so pydantic reports whichever bound it checked first
+        message = "expected a number, got NaN (not a number)"
     for prefix in ("Value error, ", "Assertion failed, "):
         message = message.removeprefix(prefix)
     return KvplanError(f"{where}: {path}: {message}" if path else f"{where}: {message}")

@@ -53,6 +53,7 @@ Two fields are read the way vLLM reads them, since vLLM is what kvplan sizes:
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +99,10 @@ _POSITIVE = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_s
              "max_position_embeddings")
 
 
-def model_from_hf_config(raw: dict[str, Any], *, name: str) -> ModelConfig:
-    """A ModelConfig from a parsed ``config.json`` (module docstring for the vocabularies).
+def model_from_hf_config(raw: dict[str, Any], *, name: str, source: str = "") -> ModelConfig:
+    """A ModelConfig from a parsed ``config.json`` (module docstring for the vocabularies), read
+    from the file ``source`` (kept in :attr:`ModelConfig.config_path`, for the errors that the
+    model's shape meets later, e.g. a tensor parallelism that does not divide its heads).
 
     Missing required field or a value of the wrong type -> KvplanError naming it.
     """
@@ -151,7 +154,7 @@ def model_from_hf_config(raw: dict[str, Any], *, name: str) -> ModelConfig:
         attention_bias=raw.get("attention_bias") is True,
         quantization=parse_quantization_config(raw.get("quantization_config")),
         layer_types=layer_types, sliding_window=window, attention_chunk_size=chunk,
-        **linear, **mla, **_moe_fields(raw, inter_key),
+        **linear, **mla, **_moe_fields(raw, inter_key), config_path=source,
     )
 
 
@@ -181,10 +184,15 @@ def _window(raw: dict[str, Any], model_type: str) -> int:
     if not isinstance(scaling, dict) or model_type.startswith("gemma3"):
         return window
     rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
-    factor = scaling.get("factor", 1.0)
-    if (rope_type in _ROPE_TYPES_WINDOW_AS_IS or isinstance(factor, bool)
-            or not isinstance(factor, (int, float)) or factor <= 0):
+    if rope_type in _ROPE_TYPES_WINDOW_AS_IS:
         return window
+    factor = scaling.get("factor", 1.0)
+    # vLLM multiplies the window by the factor and serves int() of it (_get_and_verify_max_len):
+    # NaN, infinity, zero, a negative or a non-number leave it no window to serve.
+    if (isinstance(factor, bool) or not isinstance(factor, (int, float))
+            or not (math.isfinite(factor) and factor > 0)):
+        key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
+        raise KvplanError(f"field '{key}.factor' must be a positive finite number, got {factor!r}")
     if rope_type == "yarn" and isinstance(scaling.get("original_max_position_embeddings"), int):
         window = scaling["original_max_position_embeddings"]
     return int(window * factor)
@@ -205,27 +213,45 @@ def _language_model(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _moe_fields(raw: dict[str, Any], inter_key: str) -> dict[str, Any]:
+    """The MoE fields of :class:`ModelConfig` (empty for a dense model).
+
+    An expert count of 0 is not a dense model everywhere: a DeepSeek, Mixtral, gpt-oss or
+    Llama 4 layer built with no expert has nothing to route to, so ``n_routed_experts: 0`` and
+    ``num_local_experts: 0`` are errors; Qwen2/Qwen3-MoE build a dense MLP wherever
+    ``num_experts`` is 0 (vllm/model_executor/models/qwen2_moe.py and qwen3_moe.py,
+    ``*DecoderLayer.__init__``: ``config.num_experts > 0 and (layer_idx + 1) %
+    config.decoder_sparse_step == 0``), so ``num_experts: 0`` is a dense model. Llama 4 with
+    ``interleave_moe_layer_step: 0`` has no MoE layer either (vllm/model_executor/models/llama4.py,
+    ``Llama4DecoderLayer.__init__``: ``config.interleave_moe_layer_step > 0 and ...``)."""
+    for key in ("n_routed_experts", "num_local_experts"):
+        if raw.get(key) is not None:
+            _positive(raw, key)
     if raw.get("n_routed_experts") is not None:  # DeepSeek
         moe = {key: _int(raw, key) for key in
                ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")}
         moe["first_k_dense_replace"] = _int(raw, "first_k_dense_replace", 0)
         moe["n_shared_experts"] = _int(raw, "n_shared_experts", 0)
         return moe
-    if raw.get("num_local_experts") and raw.get("intermediate_size_mlp") is not None:  # Llama 4
+    llama4 = raw.get("intermediate_size_mlp") is not None  # Llama 4: its dense layers' width
+    if raw.get("num_local_experts") is not None and llama4:
+        step = _int(raw, "interleave_moe_layer_step", 1)
+        if step == 0:  # no MoE layer
+            return {}
         return {"n_routed_experts": _int(raw, "num_local_experts"),
                 "num_experts_per_tok": _int(raw, "num_experts_per_tok"),
                 "moe_intermediate_size": _int(raw, "intermediate_size"), "n_shared_experts": 1,
-                "decoder_sparse_step": _int(raw, "interleave_moe_layer_step", 1) or 1}
-    if raw.get("num_local_experts"):  # Mixtral, gpt-oss: every layer MoE, expert = the MLP width
+                "decoder_sparse_step": step}
+    if raw.get("num_local_experts") is not None:  # Mixtral, gpt-oss: every layer MoE of MLP-wide experts
         return {"n_routed_experts": _int(raw, "num_local_experts"),
                 "num_experts_per_tok": _int(raw, "num_experts_per_tok"),
                 "moe_intermediate_size": _int(raw, inter_key)}
-    if raw.get("num_experts"):  # Qwen2-MoE, Qwen3-MoE
+    if raw.get("num_experts") is not None and _int(raw, "num_experts"):  # Qwen2-MoE, Qwen3-MoE
         expert = _int(raw, "moe_intermediate_size")
         moe = {"n_routed_experts": _int(raw, "num_experts"),
                "num_experts_per_tok": _int(raw, "num_experts_per_tok"),
                "moe_intermediate_size": expert,
-               "decoder_sparse_step": _int(raw, "decoder_sparse_step", 1) or 1,
+               # (layer_idx + 1) % decoder_sparse_step in vLLM's layers: 0 divides by zero
+               "decoder_sparse_step": _positive(raw, "decoder_sparse_step", 1),
                "mlp_only_layers": _int_list(raw, "mlp_only_layers")}
         shared = _int(raw, "shared_expert_intermediate_size", 0)
         if shared % expert:
@@ -243,9 +269,8 @@ def _attention_layout(raw: dict[str, Any], model_type: str,
     when every layer is full attention."""
     window = raw.get("sliding_window")
     if raw.get("attention_chunk_size") is not None and raw.get("layer_types") is None:
-        flags = raw.get("no_rope_layers") or [
-            int((i + 1) % (raw.get("no_rope_layer_interval") or _LLAMA4_NO_ROPE_INTERVAL) != 0)
-            for i in range(layers)]
+        interval = _positive(raw, "no_rope_layer_interval", _LLAMA4_NO_ROPE_INTERVAL)
+        flags = raw.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
         if not isinstance(flags, list) or len(flags) != layers:
             raise KvplanError(f"field 'no_rope_layers' must list {layers} flags, got {flags!r}")
         return tuple(CHUNKED_ATTENTION if flag else FULL_ATTENTION for flag in flags), None
@@ -256,7 +281,7 @@ def _attention_layout(raw: dict[str, Any], model_type: str,
                               f" layer kinds, got {pattern!r}")
         return nemotron_h_layer_types(pattern), None
     if model_type == "qwen3_next" and raw.get("layer_types") is None:
-        interval = _int(raw, "full_attention_interval", 4)
+        interval = _positive(raw, "full_attention_interval", 4)
         return tuple(LINEAR_ATTENTION if (i + 1) % interval else FULL_ATTENTION
                      for i in range(layers)), None
     given = raw.get("layer_types")
@@ -300,8 +325,8 @@ def _int(raw: dict[str, Any], key: str, default: int | None = None) -> int:
     return value
 
 
-def _positive(raw: dict[str, Any], key: str) -> int:
-    value = _int(raw, key)
+def _positive(raw: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = _int(raw, key, default)
     if value == 0:
         raise KvplanError(f"field '{key}' must be a positive integer, got 0")
     return value

@@ -58,7 +58,7 @@ head, a gated RMSNorm of I (``Mixer2RMSNormGated``) and ``out_proj`` I × hidden
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.errors import KvplanError, did_you_mean
@@ -191,6 +191,9 @@ class ModelConfig:
     n_shared_experts: int = 0
     decoder_sparse_step: int = 1  # Qwen-MoE: every k-th layer is MoE
     mlp_only_layers: tuple[int, ...] = ()  # Qwen-MoE: layer indices kept dense
+    # the config.json the model was read from ("" for a catalog model): named by the errors its
+    # shape meets after it is read (a tensor parallelism that does not divide its heads)
+    config_path: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         for name in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -306,7 +309,12 @@ class ModelConfig:
     @property
     def is_mamba2(self) -> bool:
         """True when the linear-attention layers are Mamba-2 mixers (Nemotron-H), not Gated DeltaNet."""
-        return self.mamba_num_heads > 0
+        return self.model_type == _NEMOTRON_H or self.mamba_num_heads > 0
+
+    @property
+    def _named(self) -> str:
+        """``model 'NAME'``, after the config.json it was read from if any (for errors)."""
+        return f"{self.config_path}: model '{self.name}'" if self.config_path else f"model '{self.name}'"
 
     @property
     def gated_mlp(self) -> bool:
@@ -339,7 +347,7 @@ class ModelConfig:
         k_dim, v_dim = self.linear_key_head_dim, self.linear_value_head_dim
         conv_dim = 2 * k_dim * self.linear_num_key_heads + v_dim * self.linear_num_value_heads
         if conv_dim % tp or self.linear_num_value_heads % tp:
-            raise KvplanError(f"model '{self.name}': tensor parallel {tp} does not divide the"
+            raise KvplanError(f"{self._named}: tensor parallel {tp} does not divide the"
                               f" {self.linear_num_value_heads} linear-attention value heads")
         conv = conv_dim // tp * (self.linear_conv_kernel_dim - 1)
         return conv, self.linear_num_value_heads // tp * k_dim * v_dim
@@ -351,7 +359,7 @@ class ModelConfig:
         ``heads / tp × head_dim × state``."""
         heads, groups = self.mamba_num_heads, self.n_groups
         if heads % tp or (groups % tp and groups != 1):
-            raise KvplanError(f"model '{self.name}': tensor parallel {tp} does not divide the"
+            raise KvplanError(f"{self._named}: tensor parallel {tp} does not divide the"
                               f" {heads} Mamba heads and {groups} groups (vLLM's MambaMixer2"
                               " requires both, or n_groups 1)")
         if groups % tp:

@@ -15,6 +15,7 @@ from simulator.errors import KvplanError
 from simulator.kv.catalog import get_model, list_models
 from simulator.kv.hf_config import config_model_name, model_from_hf_config
 from simulator.kv.model_config import ModelConfig, canonical_dtype, dtype_bits
+from simulator.yamlfile import check_json_nesting
 
 
 def load_model(name_or_path: str | Path) -> ModelConfig:
@@ -36,6 +37,7 @@ def _load_config_file(path: Path) -> ModelConfig:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise KvplanError(f"cannot read model config {path}: {err.strerror or err}") from None
+    check_json_nesting(text, str(path))
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as err:
@@ -43,7 +45,7 @@ def _load_config_file(path: Path) -> ModelConfig:
     if not isinstance(raw, dict):
         raise KvplanError(f"{path}: a config.json must hold a JSON object")
     try:
-        return model_from_hf_config(raw, name=config_model_name(raw, path))
+        return model_from_hf_config(raw, name=config_model_name(raw, path), source=str(path))
     except KvplanError as err:
         raise KvplanError(f"{path}: {err}") from None
 

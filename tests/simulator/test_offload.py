@@ -20,6 +20,7 @@ from simulator import metrics
 from simulator.cli import main
 from simulator.deployment import GIB, build_deployment
 from simulator.engine import simulate
+from simulator.errors import KvplanWarning
 from simulator.kv.gpus import get_gpu
 from simulator.kv.models import load_model
 from simulator.kv.paged import PagedAllocator
@@ -123,7 +124,8 @@ def test_the_deployment_sizes_the_tier_per_replica(tmp_path: Path) -> None:
     path = tmp_path / "offload.yaml"
     path.write_text(SCENARIO)
     scenario, base = load_scenario(path)
-    dep = build_deployment(scenario, base)
+    with pytest.warns(KvplanWarning, match="allocator paged only; contiguous-max runs without it"):
+        dep = build_deployment(scenario, base)
     alloc = dep.make_allocator("paged")
     assert isinstance(alloc, PagedAllocator)
     assert dep.capacity.block_bytes == 1 << 20
