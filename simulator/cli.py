@@ -33,6 +33,8 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
 
 
 def add_simulate_args(p: argparse.ArgumentParser) -> None:
+    from simulator.outputs import add_replace_arg  # simulate writes through it anyway
+
     p.add_argument("scenario", help="scenario YAML (e.g. scenarios/chat.yaml)")
     p.add_argument("--allocator", action="append", metavar="NAME",
                    help="run only this allocator (repeatable): paged, contiguous-max, contiguous-pow2, "
@@ -50,6 +52,7 @@ def add_simulate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-bin-s", type=float, default=1.0, metavar="S",
                    help="seconds of simulated time per steps.csv row with --steps bins (default 1)")
     p.add_argument("--force", action="store_true", help="accept a latency profile measured for another setup")
+    add_replace_arg(p)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no table")
 
 
@@ -66,7 +69,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
                                    allocators=args.allocator, extra=args.set)
     run_simulate(args.scenario, out=args.out, overrides=overrides, quiet=args.quiet,
                  plots=not args.no_plots, force_profile=args.force, steps=args.steps,
-                 step_bin_s=args.step_bin_s)
+                 step_bin_s=args.step_bin_s, replace=args.replace)
     return 0
 
 

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
 
 from simulator import metrics, report
 from simulator.deployment import Deployment, build_deployment
 from simulator.engine import SimResult, simulate
 from simulator.html_report import write_report
 from simulator.errors import KvplanError
+from simulator.yamlfile import parse_yaml
 from simulator.outputs import RunSource, default_out_dir, open_output, shown_run
 from simulator.router import requests_per_replica
 from simulator.saturation import saturation
@@ -87,7 +87,7 @@ def scenario_overrides(*, rate: float | None = None, num_requests: int | None = 
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise KvplanError(f"--set expects KEY=VALUE, got '{item}'")
-        out[key.strip()] = yaml.safe_load(value)
+        out[key.strip()] = parse_yaml(value, f"--set {key.strip()}", lines=False)  # a YAML scalar, or a bounded list
     # The file's way of setting the rate gives way to the command line's: left in place, a file's
     # rate_scale beside a CLI rate is refused ("give rate ... or rate_scale ..., not both"), and a file's
     # rate would silently win over a CLI arrival.rate. Keys given on the command line together

@@ -127,17 +127,18 @@ def _check_expansion(data: object, where: str) -> None:
         stack.extend((c, False) for c in children)
 
 
-def parse_yaml(text: str, where: str) -> object:
+def parse_yaml(text: str, where: str, *, lines: bool = True) -> object:
     """The document in ``text`` (read from ``where``); bad YAML, a duplicate key or nesting
-    deeper than :data:`MAX_NESTING` levels is a KvplanError naming ``where`` and the line."""
+    deeper than :data:`MAX_NESTING` levels is a KvplanError naming ``where`` and the line
+    (``lines`` False: not the line, for a value given on the command line)."""
     loader = _UniqueKeyLoader(text)
     try:
         data = loader.get_single_data()
     except _TooDeep as err:
-        raise KvplanError(f"{where}:{err.problem_mark.line + 1}: {err}") from None
+        raise KvplanError(f"{where}{f':{err.problem_mark.line + 1}' if lines else ''}: {err}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
+        line = f":{mark.line + 1}" if mark is not None and lines else ""
         raise KvplanError(f"{where}{line}: not valid YAML ({getattr(err, 'problem', None) or err})") from None
     finally:
         loader.dispose()

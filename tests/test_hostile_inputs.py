@@ -72,6 +72,8 @@ workload:
   prompt_tokens: {dist: fixed, value: 32}
   output_tokens: {dist: fixed, value: 4}
 """
+SLO = "slo: {ttft_p99_s: 1, tpot_p99_s: 0.1}\n"
+CLOSED_LOOP = SYNTHETIC.replace("  arrival: {process: poisson, rate: 1}\n", "  concurrency: 2\n")
 SIMULATE = ["simulate", "{tmp}/s.yaml", "--quiet", "--no-plots", "--out", "{tmp}/out"]
 SIZE = ["size", "--model", "{tmp}/config.json"]
 
@@ -200,6 +202,29 @@ CASES = [
     ("capacity --start-rate -inf", {"s.yaml": SCENARIO},
      ["capacity", "{tmp}/s.yaml", "--start-rate", "-inf", "--out", "{tmp}/out"],
      "error: --start-rate must be a positive number, got -inf"),
+    # --- command-line values, and errors that name their file (simulator/run.py, capacity, size) ---
+    ("--set value nested too deep", {"s.yaml": SCENARIO}, [*SIMULATE, "--set", f"block_size={DEEP}"],
+     "error: --set block_size: nested deeper than 100 levels"),
+    ("--set value not YAML", {"s.yaml": SCENARIO}, [*SIMULATE, "--set", "block_size=["],
+     "error: --set block_size: not valid YAML (expected the node content, but found '<stream end>')"),
+    ("--sweep value nested too deep", {"s.yaml": SYNTHETIC + SLO},
+     ["capacity", "{tmp}/s.yaml", "--sweep", f"block_size=16,{DEEP}", "--out", "{tmp}/out"],
+     "error: --sweep block_size: nested deeper than 100 levels"),
+    ("capacity of a burst", {"s.yaml": SCENARIO + SLO}, ["capacity", "{tmp}/s.yaml", "--out", "{tmp}/out"],
+     "error: {tmp}/s.yaml: workload.rate: inf is a burst (every request at t = 0), which has no rate to "
+     "search: give workload.arrival (e.g. {process: poisson, rate: 1}) to search its rate, or use --search "
+     "concurrency"),
+    ("disaggregation with closed-loop clients",
+     {"s.yaml": CLOSED_LOOP + "disaggregation: {prefill: {replicas: 1}, decode: {replicas: 1}, "
+                              "link: {bandwidth_gb_s: 50}}\n"}, SIMULATE,
+     "error: {tmp}/s.yaml: disaggregation: open-loop workloads only (the decode side's arrivals come from "
+     "the prefill side's run): drop workload.concurrency, or give an arrival rate"),
+    ("size of a config whose weights do not fit",
+     {"big.json": config(num_hidden_layers=80, hidden_size=8192, num_attention_heads=64,
+                         intermediate_size=28672, vocab_size=128256)},
+     ["size", "--model", "{tmp}/big.json", "--gpu", "l4"],
+     "error: {tmp}/big.json: big weights (129.5 GiB per rank) do not fit in 0.90 × 24 GiB of L4; "
+     "raise --tp"),
 ]
 
 

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from simulator.capacity.disagg_search import PD_RATIO_KNOB, parse_pd_ratio, scenario_at_scale
 from simulator.capacity.search import Probe, SearchResult, limited_by
@@ -40,7 +39,7 @@ from simulator.disagg import build_pools
 from simulator.errors import KvplanError, unknown_name
 from simulator.kv.gpus import get_gpu
 from simulator.scenario import Scenario, parse_scenario, set_dotted
-from simulator.yamlfile import read_yaml
+from simulator.yamlfile import parse_yaml, read_yaml
 from workloads.spec import FixedLengths
 
 SWEEP_KEY = "sweep"
@@ -121,10 +120,7 @@ def parse_sweep_arg(text: str) -> tuple[str, list[Any]]:
     check_knob(key, "--sweep")
     if key == PD_RATIO_KNOB:  # "1:2" as YAML would be a base-60 integer (62)
         return key, items
-    try:
-        return key, [yaml.safe_load(v) for v in items]
-    except yaml.YAMLError:
-        raise KvplanError(f"--sweep {key}: cannot read the values '{values}'") from None
+    return key, [parse_yaml(v, f"--sweep {key}", lines=False) for v in items]  # YAML scalars; bad ones name the flag
 
 
 def expand_sweep(sweep: dict[str, list[Any]], where: str) -> list[dict[str, Any]]:

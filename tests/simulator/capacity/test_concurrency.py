@@ -255,7 +255,8 @@ def test_command_writes_the_table_the_curve_and_the_plot(tmp_path: Path,
      "where --search concurrency starts)"),
     ({"workload": {**FIXED_16_4,
                    "num_requests": 10, "rate": "inf"}},
-     (), ": workload: a synthetic workload needs 'arrival' (or give a 'trace')"),
+     (), ": workload.rate: inf is a burst (every request at t = 0), which has no rate to search: give "
+         "workload.arrival (e.g. {process: poisson, rate: 1}) to search its rate, or use --search concurrency"),
 ])
 def test_command_errors(tmp_path: Path, change: dict[str, Any], argv: tuple[str, ...], message: str) -> None:
     data = {**closed_loop(4, {"tpot_p99_s": 1.0}), **change}
