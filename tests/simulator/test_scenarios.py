@@ -1,12 +1,14 @@
 """Every shipped scenario loads, builds its deployment, and runs a short prefix of its workload.
 
 A capacity scenario (one with a ``sweep:`` section, for ``kvplan capacity``) is checked through its
-base scenario: the file without the sweep.
+base scenario: the file without the sweep. Its top comment says what it gives as shipped, and the
+knobs its comments suggest (``--set``, ``--sweep``, ``--rate``) load and build.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -86,3 +88,60 @@ def test_scenario_runs_and_accounts_for_every_request(path, tmp_path):
     }
     if path.stem in stories:
         assert stories[path.stem](summary), path.stem
+
+
+# Inputs of other commands (`capacity` over a sweep, `fidelity` against a real engine): their
+# verdict is what that command writes, not a simulate run as shipped.
+NOT_RUN_AS_SHIPPED = {"capacity-chat", "fidelity-cpu", "fidelity-gpu"}
+VERDICT = re.compile(r"As shipped\b.{0,120}?\b(meets|misses|saturated|keeps up|overload)", re.S)
+FLAG = re.compile(r"--(set|sweep|rate)\s+(\S+)")
+
+
+def comment_text(path: Path) -> tuple[str, str]:
+    """The leading comment block, and every comment line of the file, without their '#'."""
+    lines = path.read_text().splitlines()
+    strip = [line.strip()[1:].strip() for line in lines if line.strip().startswith("#")]
+    lead = []
+    for line in lines:
+        if not line.strip().startswith("#"):
+            break
+        lead.append(line.strip()[1:].strip())
+    return "\n".join(lead), "\n".join(strip)
+
+
+def suggested_overrides(text: str) -> list[list[tuple[str, str]]]:
+    """The flags of each command a comment suggests: a `...` span (it may wrap lines), or a line
+    holding flags outside such spans. A placeholder value (`--rate R`) is not a command."""
+    spans = re.findall(r"`([^`]*)`", text)
+    spans += [line for line in re.sub(r"`[^`]*`", "", text).splitlines() if FLAG.search(line)]
+    groups = []
+    for span in spans:
+        flags = [(kind, value.rstrip(".,;:)")) for kind, value in FLAG.findall(span)]
+        flags = [(k, v) for k, v in flags if not re.fullmatch(r"[A-Z]+", v.partition("=")[2] or v)]
+        if flags:
+            groups.append(flags)
+    return groups
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_scenario_comment_says_its_verdict_and_its_knobs_load(path, tmp_path):
+    """The top comment says what the scenario gives as shipped (meets its SLO, misses it,
+    saturated), and every --set / --sweep / --rate its comments suggest is a knob the scenario
+    takes with a value that builds its deployment: a fix they name is one a user can run."""
+    lead, comments = comment_text(path)
+    if path.stem not in NOT_RUN_AS_SHIPPED:
+        assert VERDICT.search(lead), f"{path.name}: the top comment has no 'As shipped ...' verdict"
+    base = base_scenario(path, tmp_path)
+    for group in suggested_overrides(comments):
+        extra = [v for k, v in group if k == "set"]
+        rate = next((float(v) for k, v in group if k == "rate"), None)
+        sweeps = [v.partition("=") for k, v in group if k == "sweep"]
+        points = [[]] + [[f"{key}={value}"] for key, _, values in sweeps for value in values.split(",")]
+        for point in points:
+            scenario, base_dir = load_scenario(base, scenario_overrides(rate=rate, extra=extra + point))
+            if scenario.disaggregation is not None:
+                assert list(build_pools(scenario, base_dir)), (path.name, group)
+            else:
+                for engine in scenario.engines:
+                    dep = build_deployment(scenario.for_engine(engine), base_dir)
+                    assert dep.describe()["num_blocks"] > 0, (path.name, group)
