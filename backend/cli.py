@@ -46,6 +46,9 @@ def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
                         "GuideLLM report[#N], fidelity.json) of --scenario's deployment; needs no device")
     p.add_argument("--scenario", help="with --from-results: the deployment the results measured")
     p.add_argument("--allocator", help="with --from-results: the allocator to simulate (default: paged)")
+    p.add_argument("--max-requests", type=int, metavar="N",
+                   help="with --from-results: refuse a result that asks for more than N requests (its "
+                        "num_prompts or request total; default 100,000, more than real benchmark runs send)")
     p.add_argument("--tp", type=int, default=1,
                    help="tensor-parallel degree: time one rank's shapes (default 1)")
     p.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda when available)")
@@ -78,12 +81,13 @@ def run_calibrate(args: argparse.Namespace) -> int:
             raise KvplanError("--model times a device's steps; with --from-results the scenario names the model")
         from simulator.compare.calibrate import run_from_results
 
+        cap = {} if args.max_requests is None else {"max_requests": args.max_requests}
         return run_from_results(args.from_results, args.scenario, out=args.out, allocator=args.allocator,
-                                quiet=args.quiet)
+                                quiet=args.quiet, **cap)
     if args.model is None:
         raise KvplanError("calibrate needs --model (or --from-results RESULT ... --scenario S)")
-    if args.scenario is not None or args.allocator is not None:
-        raise KvplanError("--scenario and --allocator go with --from-results")
+    if args.scenario is not None or args.allocator is not None or args.max_requests is not None:
+        raise KvplanError("--scenario, --allocator and --max-requests go with --from-results")
     import torch
     from rich.console import Console
     from rich.progress import (

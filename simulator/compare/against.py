@@ -31,6 +31,15 @@ from simulator.compare.results import Load, MeasuredResult
 from simulator.errors import KvplanError, warn_user
 from simulator.yamlfile import read_yaml
 
+# The most requests one result is simulated with unless --max-requests says otherwise. A result
+# states how many requests its benchmark sent and kvplan builds them all before it simulates.
+# Real runs are far smaller (vllm bench serve sends --num-prompts, default 1000:
+# vllm/benchmarks/serve.py's usage text); 200,000 requests of the example scenario
+# (Llama-3.1-8B on an H100, 512/128 tokens) took 197 s and 2.1 GB at 4 req/s, and 79 s and
+# 0.3 GB as a burst, on a 2-core machine: 100,000 is a minute or two, and a file claiming 10^9
+# would ask for terabytes.
+DEFAULT_MAX_REQUESTS = 100_000
+
 # Keys of ``workload:`` that say how requests are sent: all replaced by the result's load.
 _SENDING_KEYS = ("rate", "rate_scale", "arrival", "concurrency", "requests_per_client", "think_time_s",
                  "max_concurrency", "warmup_requests", "warmup_fraction")
@@ -89,6 +98,28 @@ def scenario_at_load(data: dict[str, Any], load: Load, where: str) -> tuple[dict
                          "(total tokens / completed requests)")
     out["workload"] = workload
     return out, notes
+
+
+def check_request_cap(result: MeasuredResult, data: dict[str, Any], scenario_path: str, max_requests: int,
+                      *, flag: str) -> None:
+    """Refuse, before any request is built, a simulation of more than ``max_requests`` requests
+    that the result asks for: its own count (vLLM's ``num_prompts``, GuideLLM's request total),
+    or its rate over the scenario's ``duration_s``. ``data``: the scenario at the result's load
+    (:func:`scenario_at_load`); ``flag``: the option that lifts the cap."""
+    load, workload = result.load, data.get("workload") or {}
+    lift = f"{flag} N simulates more"
+    if load.num_requests is not None:
+        if load.num_requests > max_requests:
+            raise KvplanError(f"{result.path}: '{result.field_of('num_requests')}' is {load.num_requests:,}: "
+                              f"more requests than kvplan simulates for one result (at most {max_requests:,}; "
+                              f"{lift})")
+        return
+    duration = workload.get("duration_s")
+    if (load.rate is not None and math.isfinite(load.rate) and workload.get("num_requests") is None
+            and isinstance(duration, (int, float)) and load.rate * duration > max_requests):
+        raise KvplanError(f"{result.path}: '{result.field_of('rate')}' {load.rate:g} req/s over "
+                          f"{scenario_path}'s workload.duration_s {duration:g} s is {load.rate * duration:,.0f} "
+                          f"requests: more than kvplan simulates for one result (at most {max_requests:,}; {lift})")
 
 
 def _burst(load: Load) -> bool:

@@ -23,7 +23,6 @@ made absolute), the fit's errors as comments at the top.
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import math
 import sys
 from collections import defaultdict
@@ -33,10 +32,16 @@ from typing import Any
 
 import yaml
 
-from simulator.compare.against import check_model, read_scenario_mapping, scenario_at_load
+from simulator.compare.against import (
+    DEFAULT_MAX_REQUESTS,
+    check_model,
+    check_request_cap,
+    read_scenario_mapping,
+    scenario_at_load,
+)
 from simulator.compare.measured import METRIC_ORDER
 from simulator.compare.results import MeasuredResult, read_result
-from simulator.errors import KvplanError
+from simulator.errors import KvplanError, warn_user
 from simulator.latency.constants import FIELDS, RooflineConstants, default_constants
 from simulator.validate.setups import Setup
 from simulator.validate.table import THROUGHPUT_METRICS, PublishedRow
@@ -61,6 +66,12 @@ class CalibrationFit:
         errors = [abs(r[key] / r["measured"] - 1) for r in self.rows if r.get(key) is not None]
         return sum(errors) / len(errors) if errors else None
 
+    @property
+    def beats_defaults(self) -> bool:
+        """Whether the fit's mean |relative error| in sample is below the defaults'."""
+        before, fitted = self.mape("before"), self.mape("fitted")
+        return before is not None and fitted is not None and fitted < before
+
     def mape_by_metric(self, key: str) -> dict[str, float]:
         groups: dict[str, list[float]] = defaultdict(list)
         for r in self.rows:
@@ -69,10 +80,11 @@ class CalibrationFit:
         return {m: sum(v) / len(v) for m, v in groups.items()}
 
 
-def fit_from_results(paths: Sequence[str], scenario_path: str, *, allocator: str | None = None
-                     ) -> tuple[CalibrationFit, dict[str, Any]]:
+def fit_from_results(paths: Sequence[str], scenario_path: str, *, allocator: str | None = None,
+                     max_requests: int = DEFAULT_MAX_REQUESTS) -> tuple[CalibrationFit, dict[str, Any]]:
     """Fit the roofline's constants to the results at ``paths`` as measurements of the scenario at
-    ``scenario_path`` (module docstring). Returns the fit and the scenario mapping as read."""
+    ``scenario_path`` (module docstring). A result asking for more than ``max_requests`` requests
+    is refused before anything is built. Returns the fit and the scenario mapping as read."""
     from simulator.deployment import build_deployment
     from simulator.latency.roofline import RooflineLatency
     from simulator.scenario import parse_scenario
@@ -102,6 +114,7 @@ def fit_from_results(paths: Sequence[str], scenario_path: str, *, allocator: str
     for index, result in enumerate(results):
         check_model(result, dep.model.name)
         at_load, _ = scenario_at_load(data, result.load, result.path)
+        check_request_cap(result, at_load, scenario_path, max_requests, flag="--max-requests")
         at_load.update(engine=engine, allocators=[alloc])
         at_load.pop("latency", None)
         setups.append(Setup(rows=_rows(result, _source(results, index), dep.model.name, dep.gpu.name,
@@ -119,7 +132,8 @@ def fit_from_results(paths: Sequence[str], scenario_path: str, *, allocator: str
     before = [simulate(s, start) for s in setups]
     constants, final, history = fitting.fit_in_rounds(setups, start, params=params, rounds=FIT_ROUNDS,
                                                       simulate=simulate)
-    held = fitting.leave_one_source_out(final, constants, params=params) if len(setups) > 1 else {}
+    held = (fitting.leave_one_source_out(final, constants, params=params, simulate=simulate)
+            if len(setups) > 1 else {})
     rows = []
     for b, f in zip(before, final):
         for row in f.setup.rows:
@@ -128,7 +142,12 @@ def fit_from_results(paths: Sequence[str], scenario_path: str, *, allocator: str
                          "held_out": held.get(row.row_id)})
     if len(setups) < 2:
         notes.append("one result: no leave-one-out error (give two results or more)")
-    return CalibrationFit(constants, start, tuple(params), results, rows, history, notes), data
+    fitted = CalibrationFit(constants, start, tuple(params), results, rows, history, notes)
+    if not fitted.beats_defaults:
+        notes.append(f"the fit does not beat kvplan's defaults on these results (mean |error| "
+                     f"{_pct(fitted.mape('fitted'))} fitted, {_pct(fitted.mape('before'))} with the defaults): "
+                     "keep the defaults")
+    return fitted, data
 
 
 def fitted_params(roofline: Any, tensor_parallel: int) -> list[str]:
@@ -175,8 +194,8 @@ def write_calibrated(path: Path, data: dict[str, Any], fit: CalibrationFit, scen
     src_dir, out_dir = Path(scenario_path).parent.resolve(), path.parent.resolve()
     if src_dir != out_dir:
         _absolute_paths(out, src_dir)
-    header = [f"Calibrated by `kvplan calibrate --from-results` on {dt.date.today().isoformat()} from "
-              f"{scenario_path} and {len(fit.results)} measured result(s):"]
+    header = [f"Calibrated by `kvplan calibrate --from-results` from {scenario_path} and "
+              f"{len(fit.results)} measured result(s):"]
     header += [f"  {r.path} ({r.format}; {r.load.describe()})" for r in fit.results]
     header.append(f"fitted: {', '.join(fit.params)}; the other constants are kvplan's defaults")
     header.append(_error_line(fit))
@@ -243,8 +262,12 @@ def print_fit(fit: CalibrationFit, out: Path) -> None:
     errors.add_row("all", *(_pct(fit.mape(k)) for k in ("before", "fitted", "held_out")))
     console.print(errors)
     for note in fit.notes:
-        console.print(f"note: {note}")
-    console.print(f"wrote {out} (simulate it, or copy its latency: section into your scenario)")
+        if not note.startswith("the fit does not beat"):  # warned on stderr by run_from_results
+            console.print(f"note: {note}")
+    if fit.beats_defaults:
+        console.print(f"wrote {out} (simulate it, or copy its latency: section into your scenario)")
+    else:
+        console.print(f"wrote {out} (its constants do not beat the defaults: keep the defaults)")
 
 
 def _pct(x: float | None) -> str:
@@ -252,14 +275,20 @@ def _pct(x: float | None) -> str:
 
 
 def run_from_results(paths: Sequence[str], scenario_path: str, *, out: str | None, allocator: str | None,
-                     quiet: bool) -> int:
+                     quiet: bool, max_requests: int = DEFAULT_MAX_REQUESTS) -> int:
     """The ``calibrate --from-results`` command (backend/cli.py dispatches here; no torch)."""
     p = Path(scenario_path)
     target = Path(out) if out else p.with_name(f"{p.stem}-calibrated.yaml")
     if target.resolve() == p.resolve():
         raise KvplanError(f"--out {target} would overwrite the scenario it calibrates")
-    fit, data = fit_from_results(paths, scenario_path, allocator=allocator)
+    if max_requests < 1:
+        raise KvplanError(f"--max-requests must be at least 1, got {max_requests}")
+    fit, data = fit_from_results(paths, scenario_path, allocator=allocator, max_requests=max_requests)
     write_calibrated(target, data, fit, scenario_path)
+    if not fit.beats_defaults:
+        warn_user(f"calibrate --from-results: the fit does not beat kvplan's defaults on these results "
+                  f"(mean |error| in sample {_pct(fit.mape('fitted'))} fitted vs {_pct(fit.mape('before'))} "
+                  f"with the defaults): {target} is written, but keep the defaults")
     if not quiet:
         print_fit(fit, target)
     return 0

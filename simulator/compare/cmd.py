@@ -3,12 +3,14 @@
 ::
 
     kvplan compare RESULT --against SCENARIO|RUN_DIR [--allocator paged] [--goodput ttft:500 ...]
+                   [--max-requests N]
     kvplan compare RUN_A RUN_B
 
 RESULT is a ``vllm bench serve --save-result`` JSON, a GuideLLM report (JSON/YAML; ``#N`` picks
 one benchmark of a sweep) or kvplan's ``fidelity.json`` (:mod:`.results`). Output folder
 (``--out``): against a scenario ``runs/compare/<result>/``, against a run ``<RUN_DIR>-compare/``
-beside it, two runs ``runs/compare/<A>-vs-<B>/``.
+beside it, two runs ``runs/compare/<A>-vs-<B>/``. Against a scenario, a result that asks for more
+than ``--max-requests`` requests (default 100,000) is refused before any request is built.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from simulator.errors import KvplanError
 from simulator.outputs import RUNS_DIR, check_output, open_output
 
 COMPARE_FILES = ("compare.json", "compare.csv")
+# the default of --max-requests (simulator.compare.against.DEFAULT_MAX_REQUESTS; repeated here
+# so that building the parser imports nothing of the simulator: every kvplan command builds it)
+DEFAULT_MAX_REQUESTS = 100_000
 
 
 def add_parser(subparsers: Any) -> None:
@@ -38,6 +43,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--goodput", nargs="+", metavar="KEY:MS",
                    help="goodput SLOs as vllm bench serve takes them (ttft, tpot, e2el in ms; default: "
                         "the scenario's slo: bounds)")
+    p.add_argument("--max-requests", type=int, default=DEFAULT_MAX_REQUESTS, metavar="N",
+                   help="against a scenario: refuse a result that asks for more than N requests (its "
+                        f"num_prompts or request total; default {DEFAULT_MAX_REQUESTS:,}, more than real "
+                        "benchmark runs send: vllm bench serve's default is 1000)")
     p.add_argument("--out", help="output folder (see the command's description)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", "-q", action="store_true", help="no table")
@@ -64,6 +73,8 @@ def _measured(args: argparse.Namespace, console: Any) -> int:
     from simulator.compare.results import read_result
     from simulator.report import write_json, write_rows_csv
 
+    if args.max_requests < 1:
+        raise KvplanError(f"--max-requests must be at least 1, got {args.max_requests}")
     result = read_result(args.paths[0])
     against = Path(args.against)
     is_run = against.is_dir()
@@ -74,7 +85,8 @@ def _measured(args: argparse.Namespace, console: Any) -> int:
     if is_run:
         comparison = m.against_run(result, read_run(args.against), allocator=args.allocator, goodput=args.goodput)
     else:
-        comparison = m.against_scenario(result, args.against, allocator=args.allocator, goodput=args.goodput)
+        comparison = m.against_scenario(result, args.against, allocator=args.allocator, goodput=args.goodput,
+                                        max_requests=args.max_requests)
     with open_output(out_dir, command="compare", recognised=COMPARE_FILES) as folder:
         write_json(folder.staging / "compare.json", comparison.payload())
         rows = [r.as_dict() for r in comparison.rows]

@@ -22,7 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simulator.compare.against import RunFolder, check_model, read_scenario_mapping, scenario_at_load
+from simulator.compare.against import (
+    DEFAULT_MAX_REQUESTS,
+    RunFolder,
+    check_model,
+    check_request_cap,
+    read_scenario_mapping,
+    scenario_at_load,
+)
 from simulator.compare.predict import CONVENTIONS, GOODPUT_SLOS, predicted_metrics, relative_error
 from simulator.compare.results import LATENCY_STATS, THROUGHPUTS, MeasuredResult, MetricKey
 from simulator.errors import KvplanError
@@ -84,8 +91,13 @@ def goodput_slo(given: Sequence[str] | None, scenario_slo: Mapping[str, Any] | N
     p99 bounds applied to each request, else none."""
     if given:
         out: dict[str, float] = {}
+        seen: dict[str, str] = {}
         for item in given:
             name, sep, value = item.partition(":")
+            if sep and name in seen:
+                # vLLM's parse_goodput keeps the last silently; one SLO per metric is meant
+                raise KvplanError(f"--goodput: '{name}' is given twice ({seen[name]}, {item}); give each "
+                                  "SLO once")
             try:
                 ms = float(value)
             except ValueError:
@@ -94,6 +106,7 @@ def goodput_slo(given: Sequence[str] | None, scenario_slo: Mapping[str, Any] | N
                 raise KvplanError(f"--goodput expects KEY:MS with KEY one of {', '.join(GOODPUT_SLOS)} "
                                   f"and MS ≥ 0, got '{item}'")
             out[name] = ms / 1000.0
+            seen[name] = item
         return out, "--goodput"
     if scenario_slo:
         pairs = (("ttft", "ttft_p99_s"), ("tpot", "tpot_p99_s"), ("e2el", "e2e_p99_s"))
@@ -129,14 +142,17 @@ class Comparison:
 
 
 def against_scenario(result: MeasuredResult, path: str, *, allocator: str | None,
-                     goodput: Sequence[str] | None) -> Comparison:
-    """Simulate the scenario at ``path`` at the result's load and compare (module docstring)."""
+                     goodput: Sequence[str] | None, max_requests: int = DEFAULT_MAX_REQUESTS) -> Comparison:
+    """Simulate the scenario at ``path`` at the result's load and compare (module docstring). A
+    result asking for more than ``max_requests`` requests is refused before any is built."""
     from simulator.deployment import build_deployment
     from simulator.metrics import throughput_window_s
     from simulator.run import client_policy, load_workload, run_allocator
     from simulator.scenario import parse_scenario
 
     data, inferred = scenario_at_load(read_scenario_mapping(path), result.load, path)
+    check_request_cap(result, data, path, max_requests, flag="--max-requests")
+    goodput_slo(goodput, None)  # a bad --goodput fails before the simulation, not after it
     scenario = parse_scenario(data, path)
     if scenario.disaggregation is not None:
         raise KvplanError(f"{path}: compare simulates one pool of replicas; this scenario is disaggregated")

@@ -32,6 +32,14 @@ Every latency is converted to seconds, every metric keyed ``(metric, statistic)`
 published table's names (:mod:`simulator.validate.table`): ``ttft``/``tpot``/``itl``/``e2e`` ×
 ``mean``/``median``/``p99``, and ``request_throughput``, ``output_throughput``,
 ``total_throughput``, ``request_goodput`` with statistic ``value``.
+
+Every number read goes through one checker (:func:`checked`), so the three formats refuse the
+same things with one line naming the file and the field: NaN, Infinity (except vLLM's
+``request_rate: "inf"`` and ``burstiness: Infinity``, which its client writes), negative values,
+fractions where a count belongs, 0 where a count or a rate must be positive (``completed``,
+``num_prompts``, ``max_concurrency``, ``request_rate``, ``burstiness``, GuideLLM's streams, rate
+and request totals), and magnitudes beyond any real run (:data:`CEILINGS`). A GuideLLM benchmark
+whose ``metrics`` hold no latency and no throughput is refused like a vLLM result without one.
 """
 
 from __future__ import annotations
@@ -99,6 +107,13 @@ class MeasuredResult:
     metrics: dict[MetricKey, float]
     load: Load
     notes: tuple[str, ...] = field(default=())
+    # the field of the file each recorded part of ``load`` was read from ({"num_requests":
+    # "num_prompts", ...}): what an error about the load names
+    load_fields: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def field_of(self, attribute: str) -> str:
+        """The file's field that ``load.<attribute>`` was read from (the attribute if unknown)."""
+        return self.load_fields.get(attribute, attribute)
 
     @property
     def label(self) -> str:
@@ -151,20 +166,63 @@ def _load(p: Path, shown: str) -> Any:
         raise KvplanError(f"{shown}:{err.lineno}: not valid JSON ({err.msg})") from None
 
 
-def _number(data: Mapping[str, Any], key: str, where: str, *, required: bool = False) -> float | None:
+# Every number a reader takes goes through :func:`checked`, so that the three formats refuse the
+# same things the same way: NaN, Infinity (where the tool never writes it), negative values, a
+# fraction where a count belongs, 0 where a rate or a count must be positive, and magnitudes no
+# real run reaches. The ceilings are kvplan's own sanity bounds, each orders of magnitude above
+# what a serving benchmark measures; they catch 1e308 and slipped units, not slow servers.
+CEILINGS: dict[str, tuple[float, str]] = {
+    # a day; vllm bench serve's client gives up on a request after 6 h (AIOHTTP_TIMEOUT,
+    # vllm/benchmarks/lib/endpoint_request_func.py), so no latency it reports comes near this
+    "latency_ms": (86_400_000.0, "ms"),
+    "latency_s": (86_400.0, "s"),
+    "request_rate": (1e6, "req/s"),  # a million requests a second from one benchmark client
+    "token_rate": (1e9, "tok/s"),  # a billion tokens a second from one deployment
+    "tokens": (1e13, "tokens"),  # a run's total: 10^7 requests of 10^6 tokens each
+    "count": (1e9, ""),  # requests sent or completed, clients, requests in flight
+    "shape": (1e6, ""),  # vLLM's burstiness (a gamma shape); Infinity: constant gaps
+}
+
+
+def checked(value: Any, where: str, field: str, kind: str, *, positive: bool = False, whole: bool = False,
+            inf: bool = False) -> float:
+    """``value`` (the number at ``field`` of the file ``where``) as a float, or a one-line
+    KvplanError naming the file and the field: not a number, NaN, Infinity (unless ``inf``:
+    ``"inf"`` and Infinity both mean it), negative, 0 when ``positive``, a fraction when
+    ``whole``, or beyond the ceiling of its ``kind`` (:data:`CEILINGS`)."""
+    if inf and value == "inf":
+        return math.inf
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise KvplanError(f"{where}: '{field}' is {value!r}, not a number")
+    x = float(value)
+    if math.isnan(x):
+        raise KvplanError(f"{where}: '{field}' is NaN, not a number")
+    if math.isinf(x):
+        if inf and x > 0:
+            return math.inf
+        raise KvplanError(f"{where}: '{field}' is {'' if x > 0 else '-'}Infinity, not a finite number")
+    if x < 0:
+        raise KvplanError(f"{where}: '{field}' is {value!r}, not a non-negative number")
+    if positive and x == 0:
+        raise KvplanError(f"{where}: '{field}' is 0; it must be positive")
+    if whole and x != int(x):
+        raise KvplanError(f"{where}: '{field}' is {value!r}, not a whole number")
+    ceiling, unit = CEILINGS[kind]
+    if x > ceiling:
+        raise KvplanError(f"{where}: '{field}' is {value!r}, beyond any real benchmark run "
+                          f"(kvplan takes at most {ceiling:g}{' ' + unit if unit else ''})")
+    return x
+
+
+def _number(data: Mapping[str, Any], key: str, where: str, kind: str, *, required: bool = False,
+            field: str | None = None, **rules: bool) -> float | None:
+    """The number at ``data[key]`` through :func:`checked` (None when absent or null)."""
     value = data.get(key)
     if value is None:
         if required:
-            raise KvplanError(f"{where}: missing key '{key}'")
+            raise KvplanError(f"{where}: missing key '{field or key}'")
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        if value == "inf":
-            return math.inf
-        raise KvplanError(f"{where}: '{key}' is {value!r}, not a number")
-    x = float(value)
-    if math.isnan(x) or x < 0:
-        raise KvplanError(f"{where}: '{key}' is {value!r}, not a non-negative number")
-    return x
+    return checked(value, where, field or key, kind, **rules)
 
 
 def _vllm_bench(data: Mapping[str, Any], where: str) -> MeasuredResult:
@@ -174,12 +232,13 @@ def _vllm_bench(data: Mapping[str, Any], where: str) -> MeasuredResult:
     names = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}
     for vllm_name, metric in names.items():
         for stat, prefix in (("mean", "mean"), ("median", "median"), ("p99", "p99")):
-            value = _number(data, f"{prefix}_{vllm_name}_ms", where)
+            value = _number(data, f"{prefix}_{vllm_name}_ms", where, "latency_ms")
             if value is not None:
                 metrics[(metric, stat)] = value / 1000.0
     for ours, key in (("request_throughput", "request_throughput"), ("output_throughput", "output_throughput"),
                       ("total_throughput", "total_token_throughput"), ("request_goodput", "request_goodput")):
-        value = _number(data, key, where, required=key == "request_throughput")
+        kind = "request_rate" if key in ("request_throughput", "request_goodput") else "token_rate"
+        value = _number(data, key, where, kind, required=key == "request_throughput")
         if value is not None:
             metrics[(ours, "value")] = value
     if not any(m in LATENCY_METRICS_SET for m, _ in metrics):
@@ -193,30 +252,43 @@ def _vllm_bench(data: Mapping[str, Any], where: str) -> MeasuredResult:
             # (the mean gap is Σ(E2E − TTFT) / Σ(output − 1), a token-weighted mean TPOT).
             del metrics[("itl", stat)]
     notes.append("ITL: only the mean is compared (vLLM's ITL percentiles are over single token gaps)")
-    completed = _number(data, "completed", where, required=True)
-    rate = _number(data, "request_rate", where)
-    burstiness = _number(data, "burstiness", where)
+    completed = _number(data, "completed", where, "count", required=True, whole=True)
+    if completed == 0:
+        # calculate_metrics warns "All requests failed" and reports every latency as 0
+        raise KvplanError(f"{where}: 'completed' is 0: no request of the run completed, nothing to compare")
+    # main_async writes request_rate as "inf" for --request-rate inf and burstiness as a float
+    # (Infinity for --burstiness inf: constant gaps); get_request asserts a positive rate and a
+    # positive burstiness, so 0 is no run vllm bench serve made.
+    rate = _number(data, "request_rate", where, "request_rate", positive=True, inf=True)
+    burstiness = _number(data, "burstiness", where, "shape", positive=True, inf=True)
     arrival = None
     if rate is not None and not math.isinf(rate):
-        arrival = "poisson" if burstiness in (None, 1.0) else "gamma"
-    max_concurrency = _number(data, "max_concurrency", where)
-    num_prompts = _number(data, "num_prompts", where)
+        arrival = ("poisson" if burstiness in (None, 1.0) else
+                   "constant" if burstiness is not None and math.isinf(burstiness) else "gamma")
+    # --max-concurrency is an int or null (no cap); 0 is no cap either to vLLM's client (it
+    # tests `if max_concurrency`) but caps nothing it could have measured: refused, not guessed
+    max_concurrency = _number(data, "max_concurrency", where, "count", positive=True, whole=True)
+    num_prompts = _number(data, "num_prompts", where, "count", positive=True, whole=True)
+    if num_prompts is not None and completed > num_prompts:
+        raise KvplanError(f"{where}: 'completed' is {completed:g}, more than 'num_prompts' {num_prompts:g}")
     lengths = _mean_lengths(data, completed, where)
     load = Load(rate=rate, burstiness=burstiness, arrival=arrival,
-                max_concurrency=int(max_concurrency) if max_concurrency else None,
-                num_requests=int(num_prompts) if num_prompts else None,
+                max_concurrency=int(max_concurrency) if max_concurrency is not None else None,
+                num_requests=int(num_prompts) if num_prompts is not None else None,
                 mean_prompt_tokens=lengths[0], mean_output_tokens=lengths[1])
     model = data.get("model_id")
-    return MeasuredResult(where, "vllm-bench", str(model) if model else None, metrics, load, tuple(notes))
+    fields = {"rate": "request_rate", "burstiness": "burstiness", "max_concurrency": "max_concurrency",
+              "num_requests": "num_prompts"}
+    return MeasuredResult(where, "vllm-bench", str(model) if model else None, metrics, load, tuple(notes),
+                          load_fields=fields)
 
 
-def _mean_lengths(data: Mapping[str, Any], completed: float | None, where: str) -> tuple[float | None, float | None]:
-    total_in = _number(data, "total_input_tokens", where)
-    total_out = _number(data, "total_output_tokens", where)
-    if not completed or total_in is None or total_out is None:
+def _mean_lengths(data: Mapping[str, Any], completed: float, where: str) -> tuple[float | None, float | None]:
+    total_in = _number(data, "total_input_tokens", where, "tokens", whole=True)
+    total_out = _number(data, "total_output_tokens", where, "tokens", whole=True)
+    if total_in is None or total_out is None:
         return None, None
     return total_in / completed, total_out / completed
-
 
 
 def _guidellm(data: Mapping[str, Any], path: str, where: str, index_text: str | None) -> MeasuredResult:
@@ -236,55 +308,71 @@ def _guidellm(data: Mapping[str, Any], path: str, where: str, index_text: str | 
         if not 1 <= index <= len(benchmarks):
             raise KvplanError(f"{path}: the report holds benchmarks 1..{len(benchmarks)}, not {index}")
     bench = benchmarks[index - 1]
+    if not isinstance(bench, dict):
+        raise KvplanError(f"{where}: benchmarks[{index - 1}] is not a mapping")
     here = f"{where}: benchmarks[{index - 1}]"
     metrics_in = _mapping(bench, "metrics", here)
     metrics: dict[MetricKey, float] = {}
-    for metric, key, scale in (("ttft", "time_to_first_token_ms", 1e-3), ("tpot", "inter_token_latency_ms", 1e-3),
-                               ("e2e", "request_latency", 1.0)):
-        dist = _successful(metrics_in, key, here)
-        for stat, value in (("mean", dist.get("mean")), ("median", dist.get("median")),
-                            ("p99", (dist.get("percentiles") or {}).get("p99"))):
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                metrics[(metric, stat)] = float(value) * scale
-    for ours, key in (("request_throughput", "requests_per_second"),
-                      ("output_throughput", "output_tokens_per_second"),
-                      ("total_throughput", "tokens_per_second")):
-        mean = _successful(metrics_in, key, here).get("mean")
-        if isinstance(mean, (int, float)) and not isinstance(mean, bool):
-            metrics[(ours, "value")] = float(mean)
+    for metric, key, scale, kind in (("ttft", "time_to_first_token_ms", 1e-3, "latency_ms"),
+                                     ("tpot", "inter_token_latency_ms", 1e-3, "latency_ms"),
+                                     ("e2e", "request_latency", 1.0, "latency_s")):
+        for stat, value in _stats_of(metrics_in, key, here, kind).items():
+            metrics[(metric, stat)] = value * scale
+    for ours, key, kind in (("request_throughput", "requests_per_second", "request_rate"),
+                            ("output_throughput", "output_tokens_per_second", "token_rate"),
+                            ("total_throughput", "tokens_per_second", "token_rate")):
+        mean = _stats_of(metrics_in, key, here, kind, ("mean",)).get("mean")
+        if mean is not None:
+            metrics[(ours, "value")] = mean
+    if not metrics:
+        raise KvplanError(f"{here}: metrics holds no latency or throughput (time_to_first_token_ms, "
+                          "inter_token_latency_ms, request_latency, requests_per_second, ... are missing)")
     strategy = _mapping(_mapping(bench, "config", here), "strategy", f"{here}.config")
-    load = _guidellm_load(strategy, metrics_in, bench, here)
+    load, fields = _guidellm_load(strategy, metrics_in, here)
     args = data.get("args") if isinstance(data.get("args"), dict) else {}
     model = args.get("model") if isinstance(args, dict) else None
     notes = ("TPOT: GuideLLM's inter_token_latency_ms ((last − first token) / (output − 1), per "
              "request); its time_per_output_token_ms includes the first token and is not compared",)
     return MeasuredResult(path if index_text is not None else where, "guidellm",
-                          str(model) if model else None, metrics, load, notes)
+                          str(model) if model else None, metrics, load, notes, load_fields=fields)
 
 
-def _guidellm_load(strategy: Mapping[str, Any], metrics: Mapping[str, Any], bench: Mapping[str, Any],
-                   where: str) -> Load:
-    """src/guidellm/scheduler/strategies.py: ``type_`` and its fields."""
+def _guidellm_load(strategy: Mapping[str, Any], metrics: Mapping[str, Any], where: str
+                   ) -> tuple[Load, dict[str, str]]:
+    """src/guidellm/scheduler/strategies.py: ``type_`` and its fields; the load and the field
+    each part of it came from."""
     kind = strategy.get("type_")
-    prompt = _successful(metrics, "prompt_token_count", where).get("mean")
-    output = _successful(metrics, "output_token_count", where).get("mean")
-    totals = metrics.get("request_totals") if isinstance(metrics.get("request_totals"), dict) else {}
-    num = totals.get("total") if isinstance(totals, dict) else None
-    common: dict[str, Any] = {"num_requests": int(num) if isinstance(num, (int, float)) and num else None,
-                              "mean_prompt_tokens": float(prompt) if isinstance(prompt, (int, float)) else None,
-                              "mean_output_tokens": float(output) if isinstance(output, (int, float)) else None}
+    prompt = _stats_of(metrics, "prompt_token_count", where, "tokens", ("mean",)).get("mean")
+    output = _stats_of(metrics, "output_token_count", where, "tokens", ("mean",)).get("mean")
+    totals = metrics.get("request_totals")
+    if totals is not None and not isinstance(totals, dict):
+        raise KvplanError(f"{where}: metrics.request_totals is not a mapping of counts")
+    totals = totals or {}
+    num = _number(totals, "total", where, "count", field="metrics.request_totals.total", positive=True,
+                  whole=True)
+    # request_totals.successful counts the completed requests (vLLM's `completed`): none is no run
+    if _number(totals, "successful", where, "count", field="metrics.request_totals.successful",
+               whole=True) == 0:
+        raise KvplanError(f"{where}: 'metrics.request_totals.successful' is 0: no request of the benchmark "
+                          "completed, nothing to compare")
+    common: dict[str, Any] = {"num_requests": int(num) if num is not None else None,
+                              "mean_prompt_tokens": prompt, "mean_output_tokens": output}
+    fields = {"num_requests": "metrics.request_totals.total"}
+    at = f"{where}.config.strategy"
     if kind == "synchronous":
-        return Load(concurrency=1, **common)
+        return Load(concurrency=1, **common), fields
     if kind == "concurrent":
-        return Load(concurrency=int(_number(strategy, "streams", f"{where}.config.strategy", required=True) or 1),
-                    **common)
+        streams = _number(strategy, "streams", at, "count", required=True, positive=True, whole=True)
+        assert streams is not None
+        return Load(concurrency=int(streams), **common), {**fields, "concurrency": "config.strategy.streams"}
     if kind == "throughput":
-        cap = _number(strategy, "max_concurrency", f"{where}.config.strategy")
-        return Load(rate=math.inf, max_concurrency=int(cap) if cap else None, **common)
+        cap = _number(strategy, "max_concurrency", at, "count", positive=True, whole=True)
+        return (Load(rate=math.inf, max_concurrency=int(cap) if cap is not None else None, **common),
+                {**fields, "max_concurrency": "config.strategy.max_concurrency"})
     if kind in ("constant", "poisson"):
-        rate = _number(strategy, "rate", f"{where}.config.strategy", required=True)
-        return Load(rate=rate, arrival=kind, **common)
-    raise KvplanError(f"{where}.config.strategy: type_ {kind!r} is not one kvplan reproduces "
+        rate = _number(strategy, "rate", at, "request_rate", required=True, positive=True)
+        return Load(rate=rate, arrival=kind, **common), {**fields, "rate": "config.strategy.rate"}
+    raise KvplanError(f"{at}: type_ {kind!r} is not one kvplan reproduces "
                       "(synchronous, concurrent, throughput, constant, poisson)")
 
 
@@ -295,14 +383,28 @@ def _mapping(data: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]
     return value
 
 
-def _successful(metrics: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
-    """The ``successful`` distribution of a StatusDistributionSummary (empty if absent)."""
+def _stats_of(metrics: Mapping[str, Any], key: str, where: str, kind: str,
+              which: tuple[str, ...] = LATENCY_STATS) -> dict[str, float]:
+    """The ``successful`` part's mean, median and p99 (those of ``which`` present) of the
+    StatusDistributionSummary ``metrics[key]``, each through :func:`checked`."""
     dist = metrics.get(key)
     if dist is None:
         return {}
     if not isinstance(dist, dict) or not isinstance(dist.get("successful"), dict):
         raise KvplanError(f"{where}: metrics.{key} is not a distribution summary (no 'successful')")
-    return dist["successful"]
+    ok = dist["successful"]
+    percentiles = ok.get("percentiles")
+    if percentiles is not None and not isinstance(percentiles, dict):
+        raise KvplanError(f"{where}: metrics.{key}.successful.percentiles is not a mapping")
+    found = {"mean": (ok, "mean"), "median": (ok, "median"), "p99": (percentiles or {}, "p99")}
+    out = {}
+    for stat in which:
+        source, name = found[stat]
+        field = f"metrics.{key}.successful.{'percentiles.' if stat == 'p99' else ''}{name}"
+        value = _number(source, name, where, kind, field=field)
+        if value is not None:
+            out[stat] = value
+    return out
 
 
 _FIDELITY_KEYS: dict[str, MetricKey] = {
@@ -321,9 +423,13 @@ def _fidelity(data: Mapping[str, Any], where: str) -> MeasuredResult:
     metrics: dict[MetricKey, float] = {}
     for name, entry in paged["metrics"].items():
         key = _FIDELITY_KEYS.get(name)
-        value = entry.get("measured") if isinstance(entry, dict) else None
-        if key is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
-            metrics[key] = float(value)
+        if key is None or not isinstance(entry, dict):
+            continue
+        kind = ("request_rate" if key[0] == "request_throughput" else
+                "token_rate" if key[0] == "output_throughput" else "latency_s")
+        value = _number(entry, "measured", where, kind, field=f"allocators.paged.metrics.{name}.measured")
+        if value is not None:
+            metrics[key] = value
     if not metrics:
         raise KvplanError(f"{where}: no measured metric in allocators.paged.metrics")
     notes = ("load: fidelity.json records none; the scenario's own workload is simulated",)

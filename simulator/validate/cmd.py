@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 # What validate wrote before its folders carried outputs.MARKER: such a folder may be replaced.
 VALIDATE_FILES = ("validate.csv", "validate.json")
 FIT_ROUNDS = 3  # re-simulate and refit until the objective settles (it does in 2–3)
+HELD_OUT_EVALS = 800  # Nelder–Mead evaluations of each leave-one-source-out fit
 # prefill_overhead_s stays 0: on the published data it trades almost one for one with
 # request_overhead_s (the fit objective within 1% either way), and a fixed cost per step that
 # carries a prefill chunk would slow every loaded step of a chat trace — which vLLM V1, running
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     setups = group_setups(rows)
     skipped = {r.row_id: s.skip_reason for s in setups if s.skip_reason for r in s.rows}
     runnable = [s for s in setups if not s.skip_reason]
-    total = len(runnable) * ((FIT_ROUNDS + 2) if args.fit else 1)
+    total = len(runnable) * ((FIT_ROUNDS + 1) if args.fit else 1)  # a fit's rounds: one simulation each
     progress = _progress(args.quiet)
     held_out: dict[str, float] | None = None
     fit_info: dict[str, Any] | None = None
@@ -96,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         tick = (lambda: progress.advance(task)) if progress is not None else (lambda: None)
         if args.fit:
             constants, results, held_out, fit_info = fit_defaults(runnable, tick)
+            fit_info["rows_skipped"] = dict(sorted(skipped.items()))  # not simulatable: the row says why
         else:
             constants = None
             results = [simulate_setup(s, None, record=False) for s in _ticking(runnable, tick)]
@@ -115,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
                                       if k in summary["in_sample"]["by_source"]}}
             summary["held_out"] = held
             summary["targets"] = report.targets(summary["held_out"])
-            notes.append(f"held-out MAPE: as measured when the defaults were fitted ({stored.get('date')}, "
-                         f"{stored.get('num_rows')} rows); kvplan validate --fit measures it again")
+            notes.append(f"held-out MAPE: as measured when the defaults were fitted ({stored.get('num_rows')} "
+                         "rows); kvplan validate --fit measures it again")
         if stored.get("table_sha256") and stored["table_sha256"] != _sha256(default_table_path()):
             notes.append("the defaults were fitted on another version of validation/published.csv: "
                          "refit with kvplan validate --fit --write")
@@ -148,7 +150,11 @@ def fit_defaults(setups: Sequence[Setup], tick: Callable[[], None]
                  ) -> tuple[RooflineConstants, list[SetupResult], dict[str, float], dict[str, Any]]:
     """Fit the constants in rounds (simulate with recording, re-timed fit), then leave one
     source out on the last round's recordings. Returns the constants, the last round's results
-    (simulated with them), the held-out predictions and the fit's provenance."""
+    (simulated with them), the held-out predictions and the fit's provenance: everything the
+    fit depends on besides the simulator — the table's hash, the rows fitted and why the others
+    were not, the start, the parameters and the budgets — so that a test can tell, without
+    fitting, whether the shipped constants came from the current table (the fit is
+    deterministic: the same inputs give the same constants, bit for bit)."""
     from simulator.validate import fit as fitting
     from simulator.validate.predict import simulate_setup
 
@@ -160,17 +166,24 @@ def fit_defaults(setups: Sequence[Setup], tick: Callable[[], None]
     current, results, history = fitting.fit_in_rounds(setups, _start_constants(), params=FIT_PARAMS,
                                                       rounds=FIT_ROUNDS, simulate=simulate)
     ok = [r for r in results if r.error is None]
-    held_out = fitting.leave_one_source_out(ok, current, params=FIT_PARAMS)
+    held_out = fitting.leave_one_source_out(ok, current, params=FIT_PARAMS, max_evals=HELD_OUT_EVALS)
     rows = [r for res in ok if res.recording is not None for r in res.setup.rows]
+    not_fitted = {r.row_id: res.status for res in results if res.error is not None or res.recording is None
+                  for r in res.setup.rows}
     info = {
         "fitted_on": "validation/published.csv",
         "table_sha256": _sha256(default_table_path()),
         "date": dt.date.today().isoformat(),
         "parameters": list(FIT_PARAMS),
         "fixed": {k: getattr(current, k) for k in FIELDS if k not in FIT_PARAMS},
+        "start": {k: getattr(_start_constants(), k) for k in FIELDS},
+        "budget": {"rounds": FIT_ROUNDS, "round_evals": fitting.ROUND_EVALS, "held_out_evals": HELD_OUT_EVALS,
+                   "improvement": fitting.IMPROVEMENT, "backtracks": list(fitting.BACKTRACKS)},
         "objective": "mean |ln(predicted / published)|, every source weighing the same",
         "num_rows": len(rows),
         "sources": sorted({r.source for r in rows}),
+        "rows": sorted(r.row_id for r in rows),
+        "rows_not_fitted": dict(sorted(not_fitted.items())),
         "rounds": history,
     }
     return current, results, held_out, info
@@ -178,15 +191,19 @@ def fit_defaults(setups: Sequence[Setup], tick: Callable[[], None]
 
 def write_fit(constants: RooflineConstants, info: dict[str, Any]) -> None:
     """Write ``roofline_fit.json``: the constants for every GPU (one all-reduce latency for both
-    interconnect kinds: the table has no PCIe-only TP > 1 row to tell them apart)."""
+    interconnect kinds: the table has no PCIe-only TP > 1 row to tell them apart). The row lists
+    go under ``inputs``, beside ``fit``: every run.json carries ``fit`` (the provenance of its
+    constants), and the lists would only bloat it."""
     values = {k: getattr(constants, k) for k in FIELDS}
+    lists = ("rows", "rows_not_fitted", "rows_skipped")
     data = {
         "kvplan_roofline_fit": rc.FIT_VERSION,
         "constants": values,
         "per_gpu": {},
         "allreduce_latency_s": {"fabric": values["allreduce_latency_s"],
                                 "pcie": values["allreduce_latency_s"]},
-        "fit": info,
+        "fit": {k: v for k, v in info.items() if k not in lists},
+        "inputs": {k: info[k] for k in lists if k in info},
     }
     _write_json(rc.FIT_PATH, data)
     rc.read_fit.cache_clear()

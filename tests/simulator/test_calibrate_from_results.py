@@ -4,10 +4,12 @@ command imports no torch; bad input is one line, exit 2."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -17,6 +19,9 @@ from simulator.compare.calibrate import fit_from_results
 from simulator.kv.gpus import get_gpu
 from simulator.latency.constants import default_constants
 from simulator.scenario import load_scenario
+from simulator.validate.fit import EFFICIENCY_FLOOR, TIME_RESOLUTION_S, _decode, _encode
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "compare"
 
 # vllm bench serve --request-rate inf --max-concurrency C: a closed loop, which re-times exactly
 SCENARIO = {
@@ -101,3 +106,62 @@ def test_a_result_for_another_model_is_refused(measured: tuple[Path, list[str]],
     assert main(["calibrate", "--from-results", paths[0], "--scenario", str(other), "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "measured on Llama-3.1-8B" in err[0] and "Qwen3-8B" in err[0]
+
+
+def _log_objective(fit, key: str) -> float:  # type: ignore[no-untyped-def]
+    """The fit's objective from its rows: mean |ln(predicted / measured)|, every result weighing
+    the same."""
+    by: dict[str, list[float]] = {}
+    for r in fit.rows:
+        by.setdefault(r["result"], []).append(abs(math.log(r[key] / r["measured"])))
+    return sum(sum(v) / len(v) for v in by.values()) / len(by)
+
+
+def test_a_fit_that_cannot_beat_the_defaults_says_so_in_one_warning(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # measured under kvplan's own defaults: nothing beats them, and the command must not say
+    # "simulate it" of what it wrote
+    scenario = tmp_path / "cal.yaml"
+    scenario.write_text(yaml.safe_dump(SCENARIO))
+    result = tmp_path / "defaults.json"
+    simulate_as_vllm_bench(dict(SCENARIO, workload=dict(SCENARIO["workload"], num_requests=16)), result,
+                           base_dir=tmp_path)
+    out = tmp_path / "calibrated.yaml"
+    assert main(["calibrate", "--from-results", str(result), "--scenario", str(scenario), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    warnings = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(warnings) == 1 and warnings[0].startswith("kvplan: warning: calibrate --from-results: the fit "
+                                                         "does not beat kvplan's defaults"), warnings
+    assert "keep the defaults" in warnings[0] and "simulate it" not in captured.out
+    assert "# note: the fit does not beat kvplan's defaults" in out.read_text()
+
+
+def test_the_readme_example_fit_is_never_worse_than_the_defaults_and_stays_physical() -> None:
+    # a Poisson result (re-timed only approximately) and a closed loop, hand-written: the round
+    # that re-timing proposed made the simulated error worse (20.5% vs 19.9%, request_overhead_s
+    # 1e-21 s); a proposal is now taken only when the simulation confirms it
+    fit, _ = fit_from_results([str(DATA / "vllm-bench.json"), f"{DATA / 'guidellm-sweep.json'}#1"],
+                              str(DATA / "scenario.yaml"))
+    assert _log_objective(fit, "fitted") <= _log_objective(fit, "before")
+    for name in ("mem_efficiency", "flops_efficiency", "fp8_flops_efficiency", "moe_flops_efficiency"):
+        assert 0 < getattr(fit.constants, name) <= 1, name
+    for name in ("step_overhead_s", "allreduce_latency_s", "request_overhead_s", "prefill_overhead_s"):
+        value = getattr(fit.constants, name)
+        assert value == 0 or value >= TIME_RESOLUTION_S, (name, value)
+    assert all(r["held_out"] is not None for r in fit.rows)  # every result simulated held out
+
+
+def test_a_time_that_fits_nothing_is_exactly_zero() -> None:
+    # one closed loop whose hand-written TTFT the fit explains with faster prefill: the request
+    # overhead goes to the floor, and is written as 0, not as 10^-21 s
+    fit, _ = fit_from_results([f"{DATA / 'guidellm-sweep.json'}#1"], str(DATA / "scenario.yaml"))
+    assert fit.beats_defaults
+    assert fit.constants.request_overhead_s == 0.0
+    start = default_constants(get_gpu("h100-80gb"))
+    params = ("mem_efficiency", "step_overhead_s", "request_overhead_s")
+    low = _decode(np.array([-800.0, -800.0, -30.0]), start, params)
+    assert low.mem_efficiency == EFFICIENCY_FLOOR and low.step_overhead_s == 0 and low.request_overhead_s == 0
+    high = _decode(np.array([800.0, 5.0, math.log(2 * TIME_RESOLUTION_S)]), start, params)
+    assert high.mem_efficiency == 1.0 and high.step_overhead_s <= 10 and high.request_overhead_s == pytest.approx(
+        2 * TIME_RESOLUTION_S)
+    assert _decode(_encode(low, params), start, params) == low  # 0 encodes to a point that decodes to 0
