@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.errors import KvplanError
-from simulator.outputs import RUNS_DIR, check_output, open_output
+from simulator.outputs import RUNS_DIR, RunSource, add_replace_arg, check_output, open_output
 
 COMPARE_FILES = ("compare.json", "compare.csv")
 # the default of --max-requests (simulator.compare.against.DEFAULT_MAX_REQUESTS; repeated here
@@ -48,6 +48,7 @@ def add_parser(subparsers: Any) -> None:
                         f"num_prompts or request total; default {DEFAULT_MAX_REQUESTS:,}, more than real "
                         "benchmark runs send: vllm bench serve's default is 1000)")
     p.add_argument("--out", help="output folder (see the command's description)")
+    add_replace_arg(p)
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", "-q", action="store_true", help="no table")
     p.set_defaults(func=run)
@@ -81,13 +82,15 @@ def _measured(args: argparse.Namespace, console: Any) -> int:
     default = (against.parent / f"{against.name}-compare" if is_run
                else RUNS_DIR / "compare" / result.label.replace("#", "-"))
     out_dir = Path(args.out) if args.out else default
-    check_output(out_dir, recognised=COMPARE_FILES)
+    source = _source(args, [args.paths[0], args.against])
+    check_output(out_dir, recognised=COMPARE_FILES, command="compare", source=source, replace=args.replace)
     if is_run:
         comparison = m.against_run(result, read_run(args.against), allocator=args.allocator, goodput=args.goodput)
     else:
         comparison = m.against_scenario(result, args.against, allocator=args.allocator, goodput=args.goodput,
                                         max_requests=args.max_requests)
-    with open_output(out_dir, command="compare", recognised=COMPARE_FILES) as folder:
+    with open_output(out_dir, command="compare", recognised=COMPARE_FILES, source=source,
+                     replace=args.replace) as folder:
         write_json(folder.staging / "compare.json", comparison.payload())
         rows = [r.as_dict() for r in comparison.rows]
         columns = ("metric", "statistic", "label", "unit", "measured", "predicted", "relative_error")
@@ -107,6 +110,14 @@ def _measured(args: argparse.Namespace, console: Any) -> int:
     return 0
 
 
+def _source(args: argparse.Namespace, inputs: list[str]) -> RunSource:
+    """Whose comparison an output folder holds: its inputs, with the flags as settings."""
+    flags = {"allocator": args.allocator, "goodput": args.goodput}
+    words = [*inputs[:1], *(["--against", inputs[1]] if args.against else inputs[1:])]
+    words += [f"--{k} {v if isinstance(v, str) else ' '.join(v)}" for k, v in flags.items() if v]
+    return RunSource.of("compare", inputs, flags, " ".join(words))
+
+
 def _runs(args: argparse.Namespace, console: Any) -> int:
     from simulator.compare import runs as r
     from simulator.html_report import write_report
@@ -122,7 +133,8 @@ def _runs(args: argparse.Namespace, console: Any) -> int:
         rows = [row for row in rows if row.run == args.allocator or row.run.endswith("/" + args.allocator)]
         if not rows:
             raise KvplanError(f"no run '{args.allocator}' in {a.path} or {b.path}")
-    with open_output(out_dir, command="compare", recognised=COMPARE_FILES) as folder:
+    with open_output(out_dir, command="compare", recognised=COMPARE_FILES,
+                     source=_source(args, args.paths), replace=args.replace) as folder:
         write_json(folder.staging / "compare.json", r.payload(a, b, rows))
         write_rows_csv(folder.staging / "compare.csv", ("run", "metric", "a", "b", "ratio"),
                        ((row.run, row.label, row.a, row.b, row.ratio) for row in rows))

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from simulator.errors import KvplanError
 from simulator.latency import constants as rc
 from simulator.latency.constants import FIELDS, RooflineConstants
-from simulator.outputs import RUNS_DIR, check_output, open_output
+from simulator.outputs import RUNS_DIR, RunSource, add_replace_arg, check_output, open_output
 from simulator.validate.setups import Setup, group_setups
 from simulator.validate.table import default_table_path, read_table, select_sources
 
@@ -59,6 +59,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--source", action="append", metavar="KEY", help="only this source (repeatable)")
     p.add_argument("--table", help="the table to validate against (default: validation/published.csv)")
     p.add_argument("--out", help="output folder (default: runs/validate/)")
+    add_replace_arg(p)
     p.add_argument("--fit", action="store_true",
                    help="refit the roofline constants on the table and report leave-one-source-out errors")
     p.add_argument("--write", action="store_true",
@@ -83,7 +84,11 @@ def run(args: argparse.Namespace) -> int:
     table = Path(args.table) if args.table else default_table_path()
     rows = select_sources(read_table(table), args.source)
     out_dir = Path(args.out) if args.out else RUNS_DIR / "validate"
-    check_output(out_dir, recognised=VALIDATE_FILES)  # a bad --out fails now, not after the simulations
+    words = ["validate", *([f"--table {args.table}"] if args.table else []),
+             *(f"--source {s}" for s in args.source or ()), *(["--fit"] if args.fit else [])]
+    source = RunSource.of("validate", [table], {"sources": args.source, "fit": args.fit}, " ".join(words))
+    # a bad --out fails now, not after the simulations
+    check_output(out_dir, recognised=VALIDATE_FILES, command="validate", source=source, replace=args.replace)
     console = Console() if sys.stdout.isatty() else Console(width=140)
     setups = group_setups(rows)
     skipped = {r.row_id: s.skip_reason for s in setups if s.skip_reason for r in s.rows}
@@ -125,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
     summary["notes"] = notes
     payload = {"table": str(table), "constants": used, "fit": fit_info, "summary": summary}
     # Locked while it writes: the results replace the folder as a whole (simulator/outputs.py).
-    with open_output(out_dir, command="validate", recognised=VALIDATE_FILES) as folder:
+    with open_output(out_dir, command="validate", recognised=VALIDATE_FILES, source=source,
+                     replace=args.replace) as folder:
         report.write_csv(folder.staging / "validate.csv", items)
         _write_json(folder.staging / "validate.json", payload)
         if not args.no_plots:
