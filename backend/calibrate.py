@@ -50,7 +50,7 @@ from simulator.kv.models import ModelConfig, canonical_dtype, get_model
 from simulator.kv.paged import PagedAllocator
 from simulator.kv.sizing import resolve_kv_dtype
 from simulator.latency.profile import FEATURES, FORM, PROFILE_VERSION, features, fit_linear, mape
-from simulator.plan import PrefillChunk, SeqDetail, StepPlan
+from simulator.scheduler.plan import PrefillChunk, SeqDetail, StepPlan
 from simulator.scheduler import Scheduler, SchedulerConfig
 from workloads.request import Request
 

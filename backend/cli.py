@@ -8,7 +8,7 @@
     kvplan calibrate --from-results R1 R2 ... --scenario S [--out S-calibrated.yaml]
 
 ``--from-results`` fits the roofline's constants to measured benchmark results instead
-(simulator/compare/calibrate.py): no device, and no torch imported.
+(simulator/commands/compare/calibrate.py): no device, and no torch imported.
 
 On a CPU the quick sweep is the default (``--full`` asks for the whole one); on a GPU the full
 sweep. Before the sweep it prints what it will take (two shapes timed, the sweep extrapolated),
@@ -79,7 +79,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
             raise KvplanError("--from-results needs --scenario: the deployment the results measured")
         if args.model is not None:
             raise KvplanError("--model times a device's steps; with --from-results the scenario names the model")
-        from simulator.compare.calibrate import run_from_results
+        from simulator.commands.compare.calibrate import run_from_results
 
         cap = {} if args.max_requests is None else {"max_requests": args.max_requests}
         return run_from_results(args.from_results, args.scenario, out=args.out, allocator=args.allocator,
@@ -155,7 +155,7 @@ def _percent(value: float | None) -> str:
 
 def add_fidelity_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``fidelity`` subcommand: real engine vs simulator on one scenario."""
-    from simulator.outputs import add_replace_arg
+    from simulator.report.outputs import add_replace_arg
 
     p = subparsers.add_parser(
         "fidelity", help="replay a scenario on the real engine and in the simulator; compare",
@@ -181,7 +181,7 @@ def add_fidelity_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
 
 def run_fidelity_cmd(args: argparse.Namespace) -> int:
     from backend.fidelity import FidelityOptions, run_fidelity
-    from simulator.run import scenario_overrides
+    from simulator.config.overrides import scenario_overrides
 
     overrides = scenario_overrides(num_requests=args.num_requests, extra=args.set)
     opts = FidelityOptions(scenario=args.scenario, device=args.device, profile=args.profile,

@@ -17,7 +17,7 @@
 The machine's load average is read before and after every timed stage. A target is judged met
 or missed only when the measurement can tell: if the real runs' own spread, or the timing shift
 a load change between calibration and the real runs implies, exceeds the target's bound, the
-verdict is "inconclusive" with the reason (:func:`simulator.fidelity.judge_target`).
+verdict is "inconclusive" with the reason (:func:`simulator.report.fidelity.judge_target`).
 
 The real engine serves paged KV only (its kernels read block tables); contiguous allocators in the
 scenario are skipped, and the report says so.
@@ -38,11 +38,11 @@ from backend.calibrate import CalibrateOptions, calibrate, resolve_device, write
 from backend.machine_load import StageLoad, sample_load
 from backend.realtime import RealtimeResult, ReplayLatency, max_step_tokens, run_realtime
 from backend.runner import ModelRunner
-from simulator import metrics
-from simulator.deployment import Deployment, build_deployment
-from simulator.engine import SimResult, simulate
+from simulator.engine import metrics
+from simulator.config.deployment import Deployment, build_deployment
+from simulator.engine.core import SimResult, simulate
 from simulator.errors import KvplanError
-from simulator.fidelity import (
+from simulator.report.fidelity import (
     compare_decisions,
     judge_target,
     metric_errors,
@@ -50,7 +50,7 @@ from simulator.fidelity import (
     step_errors,
     timing_shift_from_load,
 )
-from simulator.fidelity_plots import write_fidelity_plot
+from simulator.report.fidelity_plots import write_fidelity_plot
 from simulator.kv.sizing import resolve_kv_dtype
 from simulator.latency.profile import (
     FEATURES,
@@ -60,10 +60,10 @@ from simulator.latency.profile import (
     mape,
     read_profile,
 )
-from simulator.outputs import OutputFolder, RunSource, default_out_dir, open_output, shown_run
-from simulator.report import write_csv, write_json
-from simulator.run import load_workload
-from simulator.scenario import load_scenario
+from simulator.report.outputs import OutputFolder, RunSource, default_out_dir, open_output, shown_run
+from simulator.report.files import write_csv, write_json
+from simulator.engine.runs import load_workload
+from simulator.config.scenario import load_scenario
 
 # the issue's targets: relative error bounds on a warm, otherwise idle machine
 TARGETS = {"throughput_tok_s": 0.05, "tpot_s.mean": 0.05, "e2e_s.mean": 0.05, "ttft_s.p99": 0.10}
@@ -181,7 +181,7 @@ def run_fidelity(opts: FidelityOptions, *, on_stage=None) -> FidelityReport:  # 
                                                               where=opts.scenario)
     given = _profile(opts, dep, device, out_dir) if opts.profile else None  # checked before any writing
     # Locked from here: a second run into out_dir is refused; the results (the calibrated
-    # profile.yaml among them) replace the folder once all are written (simulator/outputs.py).
+    # profile.yaml among them) replace the folder once all are written (simulator/report/outputs.py).
     source = RunSource.of("fidelity", [opts.scenario], {"scenario": scenario.model_dump(mode="json"),
                                                          "device": opts.device, "repeats": opts.repeats,
                                                          "profile": opts.profile},

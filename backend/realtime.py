@@ -1,6 +1,6 @@
 """The real-time engine: requests arrive by the wall clock and every step really runs on the device.
 
-The loop is the SimPy engine's (simulator/engine.py) with the clock swapped for a real one::
+The loop is the SimPy engine's (simulator/engine/core.py) with the clock swapped for a real one::
 
     now = 0
     loop: add every request with arrival <= now to the scheduler
@@ -27,12 +27,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from backend.runner import ModelRunner
-from simulator.engine import Replica, RequestTimes, SimResult, step_row
+from simulator.engine.core import Replica, RequestTimes, SimResult, step_row
 from simulator.kv.allocator import KVAllocator
 from simulator.kv.paged import PagedAllocator
 from simulator.kv.radix import RadixTokenPool
 from simulator.latency.profile import features
-from simulator.plan import StepPlan
+from simulator.scheduler.plan import StepPlan
 from simulator.scheduler import Group, Scheduler, SchedulerConfig, Status, StepOutcome
 from workloads.request import Request
 

@@ -37,7 +37,7 @@ import torch
 
 from backend.model import PagedLlama, PrefillSpan, StepBatch, torch_dtype
 from simulator.kv.models import ModelConfig
-from simulator.plan import StepPlan
+from simulator.scheduler.plan import StepPlan
 
 _MARKS = ("start", "copies_start", "copies_end", "layers_start", "layers_end", "end")
 

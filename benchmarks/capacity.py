@@ -11,7 +11,7 @@
   1-minute load average when it started; the number of probes (per search), how many stopped
   early, and the answers (``--rows``: every sweep row).
 * The sweep again with ``--no-warm-start`` (every search from its own analytic bound, as before
-  searches were chained along the sweep's last knob: ``simulator.capacity.search.run_chain``):
+  searches were chained along the sweep's last knob: ``simulator.commands.capacity.search.run_chain``):
   the baseline of the warm starts, in the same run; the CPU and probe ratios are what they buy,
   and the rows whose answers differ are counted (each answer is a bracket within the tolerance,
   so two runs may differ by as much).
@@ -42,8 +42,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from simulator.capacity.search import SearchTask, run_search  # noqa: E402
-from simulator.capacity.sweep import read_capacity_scenario, resolve_points  # noqa: E402
+from simulator.commands.capacity.search import SearchTask, run_search  # noqa: E402
+from simulator.commands.capacity.sweep import read_capacity_scenario, resolve_points  # noqa: E402
 
 COMMANDS: tuple[tuple[str, list[str]], ...] = (
     ("chat.yaml (4 allocators)", ["scenarios/chat.yaml"]),

@@ -42,9 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from simulator.compiled import PURE_ENV, describe  # noqa: E402
-from simulator.deployment import build_deployment  # noqa: E402
-from simulator.engine import simulate  # noqa: E402
-from simulator.scenario import load_scenario  # noqa: E402
+from simulator.config.deployment import build_deployment  # noqa: E402
+from simulator.engine.core import simulate  # noqa: E402
+from simulator.config.scenario import load_scenario  # noqa: E402
 from simulator.scheduler.config import ENGINES  # noqa: E402
 from workloads.spec import build_requests  # noqa: E402
 

@@ -10,7 +10,7 @@ each row's CPU over it. Rows:
 
 * ``kvplan --help`` and ``kvplan CMD --help`` for every command (the parser is built; nothing runs);
 * ``import simulator.cli`` (what every ``kvplan`` invocation pays);
-* the import phase of ``kvplan simulate``: simulate's parser and :mod:`simulator.run`;
+* the import phase of ``kvplan simulate``: simulate's parser and :mod:`simulator.commands.simulate`;
 * the import of each command's implementation module (what running that command adds).
 
 Without a bytecode cache (``PYTHONDONTWRITEBYTECODE`` set, or a read-only checkout) every row
@@ -40,11 +40,11 @@ ROWS: list[tuple[str, list[str]]] = [
     *[(f"kvplan {cmd} --help", [*CLI, cmd, "--help"])
       for cmd in ("simulate", "size", "capacity", "validate", "calibrate", "fidelity")],
     ("import simulator.cli", ["-c", "import simulator.cli"]),
-    ("kvplan simulate: parser + simulator.run",
-     ["-c", "from simulator.cli import build_parser; build_parser('simulate'); import simulator.run"]),
+    ("kvplan simulate: parser + simulator.commands.simulate",
+     ["-c", "from simulator.cli import build_parser; build_parser('simulate'); import simulator.commands.simulate"]),
     *[(f"import {mod}", ["-c", f"import {mod}"])
-      for mod in ("simulator.run", "simulator.size_cmd", "simulator.capacity.cmd",
-                  "simulator.capacity.search", "simulator.validate.cmd", "backend.cli")],
+      for mod in ("simulator.commands.simulate", "simulator.commands.size", "simulator.commands.capacity.cmd",
+                  "simulator.commands.capacity.search", "simulator.commands.validate.cmd", "backend.cli")],
 ]
 
 

@@ -33,7 +33,7 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
 
 
 def add_simulate_args(p: argparse.ArgumentParser) -> None:
-    from simulator.outputs import add_replace_arg  # simulate writes through it anyway
+    from simulator.report.outputs import add_replace_arg  # simulate writes through it anyway
 
     p.add_argument("scenario", help="scenario YAML (e.g. scenarios/chat.yaml)")
     p.add_argument("--allocator", action="append", metavar="NAME",
@@ -57,7 +57,8 @@ def add_simulate_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
-    from simulator.run import run_simulate, scenario_overrides
+    from simulator.commands.simulate import run_simulate
+    from simulator.config.overrides import scenario_overrides
 
     for flag, value in (("--rate", args.rate), ("--num-requests", args.num_requests),
                         ("--step-bin-s", args.step_bin_s)):
@@ -77,11 +78,11 @@ def _run_simulate(args: argparse.Namespace) -> int:
 # each one's parser (None: simulate, added here).
 COMMANDS: dict[str, str | None] = {
     "simulate": None,
-    "size": "simulator.size_cmd",
-    "capacity": "simulator.capacity.options",
-    "validate": "simulator.validate.cmd",
-    "compare": "simulator.compare.cmd",
-    "export": "simulator.export_cmd",
+    "size": "simulator.commands.size",
+    "capacity": "simulator.commands.capacity.options",
+    "validate": "simulator.commands.validate.cmd",
+    "compare": "simulator.commands.compare.cmd",
+    "export": "simulator.commands.export.cmd",
 }
 
 PLUGIN_GROUP = "kvplan.commands"

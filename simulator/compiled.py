@@ -24,10 +24,10 @@ from pathlib import Path
 # allocators it drives, the step log, the latency models and the engine loop). A module not here
 # (the workloads, metrics, writers, contiguous and hybrid allocators) always runs from source.
 HOT_MODULES = (
-    "simulator.engine",
-    "simulator.steps",
-    "simulator.router",
-    "simulator.plan",
+    "simulator.engine.core",
+    "simulator.engine.steps",
+    "simulator.scheduler.router",
+    "simulator.scheduler.plan",
     "simulator.scheduler.core",
     "simulator.scheduler.v1",
     "simulator.scheduler.sglang",

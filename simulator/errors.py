@@ -13,7 +13,29 @@ from collections.abc import Iterable
 
 
 class KvplanError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
+    """Bad input from the user: printed as one line, exit code 2. From Python
+    (:mod:`simulator.api`) it is raised with that same line as its message; the subclasses
+    below say what kind of input it was, for a caller that handles one kind."""
+
+
+class ScenarioError(KvplanError):
+    """A scenario (or another YAML/JSON file kvplan reads) that is not valid: bad YAML, an
+    unknown key, a value of the wrong type or out of range."""
+
+
+class RefusedError(KvplanError):
+    """A deployment the serving engine would refuse to start (vLLM's own start-up checks:
+    simulator/config/refusals.py); ``allow_refused: true`` simulates it anyway."""
+
+
+class OutputError(KvplanError):
+    """A results folder that cannot be written as asked: a file in the way, a folder of other
+    files, another run's folder, a run already writing it, a full disk."""
+
+
+class ResultFileError(KvplanError):
+    """A measured benchmark result (vllm bench serve, GuideLLM, fidelity.json) that cannot be
+    read or holds a value no run produces."""
 
 
 class KvplanWarning(UserWarning):
@@ -50,3 +72,7 @@ def unknown_name(kind: str, name: str, choices: Iterable[str]) -> KvplanError:
     if not hint:
         hint = f" (known: {', '.join(choices)})"
     return KvplanError(f"unknown {kind} '{name}'{hint}")
+
+
+__all__ = ["KvplanError", "KvplanWarning", "OutputError", "RefusedError", "ResultFileError", "ScenarioError",
+           "did_you_mean", "unknown_name", "warn_user"]

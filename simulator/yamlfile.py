@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 from yaml.constructor import ConstructorError
 
-from simulator.errors import KvplanError
+from simulator.errors import KvplanError, ScenarioError
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"  # `<<: *base`: later keys override merged ones, by design
 MAX_NESTING = 100  # levels of lists and mappings within each other that a user's file may hold
@@ -112,16 +112,16 @@ def _check_expansion(data: object, where: str) -> None:
             depth[key] = 1 + max((depth[id(c)] for c in children), default=0)
             size[key] = 1 + leaves + sum(size[id(c)] for c in children)
             if depth[key] > MAX_NESTING:
-                raise KvplanError(f"{where}: nested deeper than {MAX_NESTING} levels (through"
+                raise ScenarioError(f"{where}: nested deeper than {MAX_NESTING} levels (through"
                                   " YAML aliases)")
             if size[key] > MAX_EXPANDED_VALUES:
-                raise KvplanError(f"{where}: its YAML aliases expand it to more than"
+                raise ScenarioError(f"{where}: its YAML aliases expand it to more than"
                                   f" {MAX_EXPANDED_VALUES:,} values")
             continue
         if key in depth:
             continue
         if key in open_ids:
-            raise KvplanError(f"{where}: a YAML alias refers to a list or mapping that holds it")
+            raise ScenarioError(f"{where}: a YAML alias refers to a list or mapping that holds it")
         open_ids.add(key)
         stack.append((node, True))
         stack.extend((c, False) for c in children)
@@ -135,11 +135,11 @@ def parse_yaml(text: str, where: str, *, lines: bool = True) -> object:
     try:
         data = loader.get_single_data()
     except _TooDeep as err:
-        raise KvplanError(f"{where}{f':{err.problem_mark.line + 1}' if lines else ''}: {err}") from None
+        raise ScenarioError(f"{where}{f':{err.problem_mark.line + 1}' if lines else ''}: {err}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None and lines else ""
-        raise KvplanError(f"{where}{line}: not valid YAML ({getattr(err, 'problem', None) or err})") from None
+        raise ScenarioError(f"{where}{line}: not valid YAML ({getattr(err, 'problem', None) or err})") from None
     finally:
         loader.dispose()
     if loader.used_aliases:
@@ -165,7 +165,7 @@ def check_json_nesting(text: str, where: str, first_line: int = 1) -> None:
             depth += 1
             if depth > MAX_NESTING:
                 line = first_line + text.count("\n", 0, token.start())
-                raise KvplanError(f"{where}:{line}: nested deeper than {MAX_NESTING} levels")
+                raise ScenarioError(f"{where}:{line}: nested deeper than {MAX_NESTING} levels")
         elif bracket in "]}":
             depth -= 1
 
@@ -179,13 +179,13 @@ def read_yaml(path: str | Path, what: str) -> object:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise KvplanError(f"{where}: no such {what} file") from None
+        raise ScenarioError(f"{where}: no such {what} file") from None
     except IsADirectoryError:
-        raise KvplanError(f"{where}: is a directory, not a {what} file") from None
+        raise ScenarioError(f"{where}: is a directory, not a {what} file") from None
     except UnicodeDecodeError as err:
         line = err.object[:err.start].count(b"\n") + 1
-        raise KvplanError(f"{where}:{line}: not UTF-8 text (byte 0x{err.object[err.start]:02x});"
+        raise ScenarioError(f"{where}:{line}: not UTF-8 text (byte 0x{err.object[err.start]:02x});"
                           f" save the {what} file as UTF-8") from None
     except OSError as err:
-        raise KvplanError(f"{where}: cannot read the {what} file ({err.strerror or err})") from None
+        raise ScenarioError(f"{where}: cannot read the {what} file ({err.strerror or err})") from None
     return parse_yaml(text, where)

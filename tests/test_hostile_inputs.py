@@ -136,7 +136,7 @@ CASES = [
      SIMULATE, "error: workload: {tmp}/trace.jsonl:2: nested deeper than 100 levels"),
     ("YAML alias cycle", {"s.yaml": SCENARIO + "sweep: &loop {block_size: [*loop]}\n"}, SIMULATE,
      "error: {tmp}/s.yaml: a YAML alias refers to a list or mapping that holds it"),
-    # --- kv_offload (simulator/deployment.py) ---
+    # --- kv_offload (simulator/config/deployment.py) ---
     ("kv_offload of 0 GiB", {"s.yaml": SCENARIO}, [*SIMULATE, "--set", "kv_offload.size_gib=0"],
      "warning: {tmp}/s.yaml: kv_offload: size_gib 0 gives no CPU tier: the run is the same as"
      " without kv_offload"),
@@ -169,7 +169,7 @@ CASES = [
     ("duration_s 1e300", {"s.yaml": SYNTHETIC.replace("num_requests: 4", "duration_s: 1.0e+300")},
      SIMULATE, "error: {tmp}/s.yaml: workload: duration_s 1e+300 s is past the limit on arrival"
                " times, 10^8 s (about 3 years)"),
-    # --- speculative decoding (simulator/scenario.py, simulator/deployment.py) ---
+    # --- speculative decoding (simulator/config/scenario.py, simulator/config/deployment.py) ---
     ("100000 speculative tokens", {"s.yaml": ROOFLINE},
      spec("{method: ngram, num_speculative_tokens: 100000, acceptance_rate: 0.5}"),
      "error: {tmp}/s.yaml: speculative: num_speculative_tokens 100000 exceeds vLLM's limit of 128"
@@ -184,7 +184,7 @@ CASES = [
             " acceptance_rate: 0.5}"), "--set", "max_num_batched_tokens=1", "--set", "max_num_seqs=1"],
      "error: {tmp}/s.yaml: speculative: max_num_batched_tokens 1 leaves no token beside the 1 draft"
      " slot a draft_model request adds; vLLM refuses to start: raise max_num_batched_tokens"),
-    # --- messages (simulator/scenario.py, workloads/spec.py, simulator/cli.py) ---
+    # --- messages (simulator/config/scenario.py, workloads/spec.py, simulator/cli.py) ---
     ("router as a name", {"s.yaml": SCENARIO + "router: least-outstanding\n"}, SIMULATE,
      "error: {tmp}/s.yaml: router: a mapping, not a policy name: write router: {policy:"
      " least-outstanding} (on the command line, --set router.policy=least-outstanding)"),
@@ -202,7 +202,7 @@ CASES = [
     ("capacity --start-rate -inf", {"s.yaml": SCENARIO},
      ["capacity", "{tmp}/s.yaml", "--start-rate", "-inf", "--out", "{tmp}/out"],
      "error: --start-rate must be a positive number, got -inf"),
-    # --- command-line values, and errors that name their file (simulator/run.py, capacity, size) ---
+    # --- command-line values, and errors that name their file (simulator/commands/simulate.py, capacity, size) ---
     ("--set value nested too deep", {"s.yaml": SCENARIO}, [*SIMULATE, "--set", f"block_size={DEEP}"],
      "error: --set block_size: nested deeper than 100 levels"),
     ("--set value not YAML", {"s.yaml": SCENARIO}, [*SIMULATE, "--set", "block_size=["],

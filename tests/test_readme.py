@@ -38,7 +38,7 @@ SMALL_NUM_REQUESTS = 50  # every simulated workload is cut to this many requests
 # validate: one small source of the published table (the whole table takes ~15 s, --fit minutes):
 # vllm-ci simulates 6 of its 12 rows. --fit leaves each source out in turn, so it needs two; with
 # redhat-mlperf (no row simulated) the held-out side is empty: this runs the command's path, the
-# fit's quality is tests/simulator/validate's business.
+# fit's quality is tests/simulator/commands/validate's business.
 VALIDATE_SOURCE = "vllm-ci"
 FIT_SOURCES = ("vllm-ci", "redhat-mlperf")
 # fidelity's documented exit statuses (backend/cli.py): 0 every target met, 3 one missed,
@@ -390,7 +390,7 @@ def test_readme_transcript(command: str, expected: str, tmp_path: Path, monkeypa
 
 def test_readme_scenario_example_is_a_valid_scenario(tmp_path: Path) -> None:
     """The annotated scenario README shows loads as it is (its workload's trace is bundled)."""
-    from simulator.scenario import load_scenario
+    from simulator.config.scenario import load_scenario
 
     (example,) = [b for b in readme_blocks("yaml") if b.startswith("name:")]
     path = tmp_path / "example.yaml"

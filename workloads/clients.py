@@ -20,7 +20,7 @@ latency from ``st``), so a request's wait for a slot is not part of its latency 
 
 A request ends when it finishes or is rejected; either frees its slot. ``warmup_requests`` is a
 measurement choice carried along with the clients: the first K requests sent are left out of the
-statistics (see :mod:`simulator.metrics`).
+statistics (see :mod:`simulator.engine.metrics`).
 """
 
 from __future__ import annotations

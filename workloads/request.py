@@ -30,7 +30,7 @@ class Request:
     prefix_ids: tuple[int, ...] = ()
     prefix_block_tokens: int = 0  # tokens named by one prefix id (0 when prefix_ids is empty)
     # leading prompt tokens whose KV arrives computed from elsewhere (a disaggregated prefill
-    # replica, simulator/disagg.py): admitted with blocks for them, not computed (V1 only)
+    # replica, simulator/engine/disagg.py): admitted with blocks for them, not computed (V1 only)
     kv_ready_tokens: int = 0
 
     @property
@@ -48,7 +48,7 @@ def cyclic_gc_paused() -> Iterator[None]:
     (0.67 of the 1.5 CPU seconds that building 10^6 synthetic requests took).
     The requests form no reference cycles, so reference counting frees whatever the build
     discards and nothing is left for the collector; it resumes afterwards (if it was running),
-    as ``simulator.engine.simulate`` does around its event loop.
+    as ``simulator.engine.core.simulate`` does around its event loop.
     """
     was_enabled = gc.isenabled()
     gc.disable()

@@ -47,7 +47,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from simulator.errors import KvplanError, did_you_mean, warn_user
+from simulator.errors import KvplanError, ScenarioError, did_you_mean, warn_user
 from workloads import synthetic
 from workloads.clients import Clients
 from workloads.loaders import (MAX_ARRIVAL_S, MAX_ARRIVAL_TEXT, MAX_TOKENS, TraceFormat,
@@ -301,7 +301,7 @@ class WorkloadSpec(_Spec):
                                  f" {MAX_ARRIVAL_TEXT}")
         if self.rate is not None and self.rate_scale is not None:
             # Two ways to say one thing; a rate on the command line replaces the file's rate_scale
-            # (simulator.run.scenario_overrides), so both here means both were written together.
+            # (simulator.config.overrides.scenario_overrides), so both here means both were written together.
             raise ValueError("give rate (mean req/s) or rate_scale (× the workload's own rate), not both")
         self._check_clients()
         if self.trace is not None:
@@ -544,7 +544,7 @@ def build_requests(spec: WorkloadSpec, *, seed: int, base_dir: Path) -> list[Req
     the end of the requests selected (all of it under ``rate``, see :func:`_shape`), so rows
     past them are neither parsed nor checked. Requests longer than the context window
     are left as they are: the scenario's ``max_model_len_policy`` decides what happens to them
-    (:func:`workloads.synthetic.fit_to_max_model_len`, applied by ``simulator.run.load_workload``).
+    (:func:`workloads.synthetic.fit_to_max_model_len`, applied by ``simulator.engine.runs.load_workload``).
     Bad input -> KvplanError prefixed ``workload``. The cyclic garbage collector is paused
     meanwhile (:func:`workloads.request.cyclic_gc_paused`).
     """
@@ -631,7 +631,7 @@ _RANGE_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "l
 def format_validation_error(
     err: ValidationError, where: str, *, model: type[BaseModel],
     loc_prefix: Sequence[str] = (),
-) -> KvplanError:
+) -> ScenarioError:
     """One line for the FIRST error of ``err``, raised validating ``model`` from file ``where``.
 
     ``"chat.yaml: workload.prompt_tokens.mean: Input should be greater than 0"``, or for an
@@ -652,7 +652,7 @@ def format_validation_error(
         key = shown[-1] if shown else ""
         names = [f.alias or n for n, f in owner.model_fields.items()] if owner else []
         hint = did_you_mean(key, names) or (f" (known keys: {', '.join(names)})" if names else "")
-        return KvplanError(f"{where}: unknown key '{path}'{hint}")
+        return ScenarioError(f"{where}: unknown key '{path}'{hint}")
     if kind == "missing":
         message = "missing required key"
     elif kind == "union_tag_not_found":
@@ -669,7 +669,7 @@ def format_validation_error(
         message = "expected a number, got NaN (not a number)"
     for prefix in ("Value error, ", "Assertion failed, "):
         message = message.removeprefix(prefix)
-    return KvplanError(f"{where}: {path}: {message}" if path else f"{where}: {message}")
+    return ScenarioError(f"{where}: {path}: {message}" if path else f"{where}: {message}")
 
 
 def parse_workload(data: object, where: str) -> WorkloadSpec:

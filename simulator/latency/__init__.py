@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Protocol
 
-from simulator.plan import StepPlan
+from simulator.scheduler.plan import StepPlan
 
 
 class LatencyModel(Protocol):

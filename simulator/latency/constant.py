@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.plan import StepPlan
+from simulator.scheduler.plan import StepPlan
 
 
 @dataclass(frozen=True, slots=True)

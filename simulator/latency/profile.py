@@ -40,7 +40,7 @@ import numpy as np
 
 from simulator.errors import KvplanError
 from simulator.kv.models import canonical_dtype
-from simulator.plan import StepPlan
+from simulator.scheduler.plan import StepPlan
 from simulator.yamlfile import read_yaml
 
 PROFILE_VERSION = 1

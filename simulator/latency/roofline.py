@@ -119,7 +119,7 @@ from simulator.kv.quantization import WeightFormat, resolve_quantization
 from simulator.kv.sizing import model_kv_layout
 from simulator.latency import quiet_plans
 from simulator.latency.constants import RooflineConstants, default_constants, fit_provenance
-from simulator.plan import StepPlan
+from simulator.scheduler.plan import StepPlan
 
 
 class StepTerms(NamedTuple):

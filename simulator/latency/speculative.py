@@ -31,7 +31,7 @@ from typing import Any
 
 from simulator.kv.models import ModelConfig
 from simulator.latency.roofline import RooflineLatency, combine
-from simulator.plan import StepPlan
+from simulator.scheduler.plan import StepPlan
 
 
 def draft_head_model(target: ModelConfig) -> ModelConfig:

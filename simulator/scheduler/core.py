@@ -33,7 +33,7 @@ from collections import deque
 
 from simulator.kv.allocator import AllocFailure, KVAllocator
 from simulator.kv.prefix import block_hashes
-from simulator.plan import PrefillChunk, StepPlan
+from simulator.scheduler.plan import PrefillChunk, StepPlan
 from simulator.scheduler.beams import reshuffle_beams
 from simulator.scheduler.config import SchedulerConfig
 from simulator.scheduler.details import step_details

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from simulator.kv.allocator import KVAllocator
-from simulator.plan import PrefillChunk, SeqDetail
+from simulator.scheduler.plan import PrefillChunk, SeqDetail
 from simulator.scheduler.state import Group
 
 

@@ -98,7 +98,7 @@ from dataclasses import dataclass
 
 from simulator.kv.allocator import KVAllocator
 from simulator.kv.radix import RadixTokenPool, RadixTree, TokenKey, TreeNode, token_key
-from simulator.plan import PrefillChunk, SeqDetail, StepPlan
+from simulator.scheduler.plan import PrefillChunk, SeqDetail, StepPlan
 from simulator.scheduler.config import SchedulerConfig
 from simulator.scheduler.state import Group, Status, StepOutcome, reject
 from workloads.request import Request

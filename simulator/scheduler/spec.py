@@ -51,7 +51,7 @@ from itertools import accumulate
 from operator import attrgetter, mul
 
 from simulator.kv.allocator import KVAllocator
-from simulator.plan import PrefillChunk, StepPlan
+from simulator.scheduler.plan import PrefillChunk, StepPlan
 from simulator.scheduler.config import SchedulerConfig
 from simulator.scheduler.state import Group, Status, StepOutcome
 from simulator.scheduler.v1 import V1Scheduler

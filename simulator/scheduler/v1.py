@@ -45,7 +45,7 @@ The rules, each with the function it comes from:
   past the hit, skipped blocks excluded (vllm/v1/core/kv_cache_coordinator.py,
   ``KVCacheCoordinator.get_num_blocks_to_allocate``).
 * A request whose prompt KV was computed elsewhere (``Request.kv_ready_tokens``: the decode
-  side of prefill/decode disaggregation, simulator/disagg.py) is admitted, at its first
+  side of prefill/decode disaggregation, simulator/engine/disagg.py) is admitted, at its first
   admission only, as vLLM's NixlConnector has it: ``get_num_new_matched_tokens``
   (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py, NixlConnectorScheduler)
   reports every prompt token not found locally as external, the waiting loop of
@@ -97,7 +97,7 @@ from operator import attrgetter
 from simulator.kv.allocator import AllocFailure, KVAllocator
 from simulator.kv.hybrid import HybridPagedAllocator
 from simulator.kv.paged import PagedAllocator
-from simulator.plan import PrefillChunk, StepPlan
+from simulator.scheduler.plan import PrefillChunk, StepPlan
 from simulator.scheduler.config import SchedulerConfig
 from simulator.scheduler.core import Scheduler
 from simulator.scheduler.state import Group, Status, StepOutcome

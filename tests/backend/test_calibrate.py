@@ -15,7 +15,7 @@ from simulator.kv.models import get_model
 from simulator.kv.paged import PagedAllocator
 from simulator.kv.sizing import resolve_kv_dtype
 from simulator.latency.profile import FEATURES, ProfileLatency, check_profile_matches, features, read_profile
-from simulator.plan import StepPlan
+from simulator.scheduler.plan import StepPlan
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

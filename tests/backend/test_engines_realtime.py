@@ -32,15 +32,15 @@ import backend.kernels
 import backend.model
 from backend.realtime import ReplayLatency, max_step_tokens, run_realtime
 from backend.runner import ModelRunner, StepTiming, token_ids
-from simulator import metrics
+from simulator.engine import metrics
 from simulator.cli import main
-from simulator.engine import simulate
-from simulator.fidelity import compare_decisions
+from simulator.engine.core import simulate
+from simulator.report.fidelity import compare_decisions
 from simulator.kv.allocator import KVAllocator
 from simulator.kv.models import get_model
 from simulator.kv.paged import PagedAllocator
 from simulator.kv.radix import RadixTokenPool
-from simulator.plan import StepPlan
+from simulator.scheduler.plan import StepPlan
 from simulator.scheduler import Scheduler, SchedulerConfig, Status, make_scheduler
 from workloads.request import Request
 

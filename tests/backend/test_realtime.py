@@ -11,8 +11,8 @@ import pytest
 
 from backend.realtime import ReplayLatency, run_realtime
 from backend.runner import ModelRunner
-from simulator import metrics
-from simulator.engine import simulate
+from simulator.engine import metrics
+from simulator.engine.core import simulate
 from simulator.kv.allocator import KVAllocator
 from simulator.kv.models import get_model
 from simulator.kv.paged import PagedAllocator

@@ -9,7 +9,7 @@ import torch
 from backend.runner import ModelRunner, decode_buckets, token_ids
 from simulator.kv.models import get_model
 from simulator.kv.paged import PagedAllocator
-from simulator.plan import StepPlan
+from simulator.scheduler.plan import StepPlan
 from simulator.scheduler import Scheduler, SchedulerConfig, Status
 from workloads.request import Request
 

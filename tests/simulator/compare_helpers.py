@@ -10,12 +10,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from simulator.compare.predict import CONVENTIONS, predicted_metrics
-from simulator.deployment import build_deployment
+from simulator.commands.compare.predict import CONVENTIONS, predicted_metrics
+from simulator.config.deployment import build_deployment
 from simulator.latency.constants import RooflineConstants
-from simulator.metrics import throughput_window_s
-from simulator.run import client_policy, load_workload, run_allocator
-from simulator.scenario import parse_scenario
+from simulator.engine.metrics import throughput_window_s
+from simulator.engine.runs import client_policy, load_workload, run_allocator
+from simulator.config.scenario import parse_scenario
 
 # (our metric, statistic) -> vllm/benchmarks/serve.py result key (latencies in ms)
 VLLM_KEYS = {("ttft", "mean"): "mean_ttft_ms", ("ttft", "median"): "median_ttft_ms",

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from simulator.deployment import build_deployment
-from simulator.run import AllocatorRun, run_allocator
-from simulator.scenario import parse_scenario
+from simulator.config.deployment import build_deployment
+from simulator.engine.runs import AllocatorRun, run_allocator
+from simulator.config.scenario import parse_scenario
 from workloads.spec import build_requests
 
 ORDER = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged")

@@ -15,11 +15,11 @@ import yaml
 
 from compare_helpers import simulate_as_vllm_bench
 from simulator.cli import main
-from simulator.compare.calibrate import fit_from_results
+from simulator.commands.compare.calibrate import fit_from_results
 from simulator.kv.gpus import get_gpu
 from simulator.latency.constants import default_constants
-from simulator.scenario import load_scenario
-from simulator.validate.fit import EFFICIENCY_FLOOR, TIME_RESOLUTION_S, _decode, _encode
+from simulator.config.scenario import load_scenario
+from simulator.commands.validate.fit import EFFICIENCY_FLOOR, TIME_RESOLUTION_S, _decode, _encode
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "compare"
 

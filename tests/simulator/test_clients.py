@@ -23,16 +23,16 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator import metrics
-from simulator.deployment import build_deployment
-from simulator.engine import simulate
+from simulator.engine import metrics
+from simulator.config.deployment import build_deployment
+from simulator.engine.core import simulate
 from simulator.kv.gpus import get_gpu
 from simulator.kv.models import load_model
 from simulator.kv.paged import PagedAllocator
 from simulator.latency.constant import ConstantLatency
 from simulator.latency.roofline import RooflineLatency
-from simulator.run import run_simulate
-from simulator.scenario import parse_scenario
+from simulator.commands.simulate import run_simulate
+from simulator.config.scenario import parse_scenario
 from simulator.scheduler import SchedulerConfig, Status
 from tests.simulator.test_engine import check_littles_law, factory
 from workloads.clients import Clients

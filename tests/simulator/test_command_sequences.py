@@ -1,4 +1,4 @@
-"""Ordinary sequences of commands lose nothing (simulator/outputs.py, "Whose run a folder holds").
+"""Ordinary sequences of commands lose nothing (simulator/report/outputs.py, "Whose run a folder holds").
 
 * a re-run of ``simulate`` keeps what ``export`` and ``compare`` wrote, by default (beside the run
   folder) and when they were pointed inside it (``--out runs/chat/export``);
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from simulator.cli import main
-from simulator.outputs import MARKER
+from simulator.report.outputs import MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULT = ROOT / "tests" / "data" / "compare" / "vllm-bench.json"
@@ -163,7 +163,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_results(
 
 
 def test_a_missing_input_read_during_the_run_is_not_called_a_write_failure(tmp_path: Path) -> None:
-    from simulator.outputs import open_output
+    from simulator.report.outputs import open_output
 
     with pytest.raises(FileNotFoundError), open_output(tmp_path / "o", command="test"):
         open(tmp_path / "no-such-trace.csv", encoding="utf-8")

@@ -20,9 +20,9 @@ import pytest
 
 from backend.cli import add_calibrate_parser
 from simulator.cli import main
-from simulator.compare import against
-from simulator.compare import cmd as compare_cmd
-from simulator.compare.results import read_result
+from simulator.commands.compare import against
+from simulator.commands.compare import cmd as compare_cmd
+from simulator.commands.compare.results import read_result
 from simulator.errors import KvplanError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "compare"

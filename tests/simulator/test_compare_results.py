@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.compare.against import scenario_at_load
-from simulator.compare.measured import MetricRow, goodput_slo, summarize
-from simulator.compare.predict import CONVENTIONS, predicted_metrics, relative_error
-from simulator.compare.results import Load, read_result
+from simulator.commands.compare.against import scenario_at_load
+from simulator.commands.compare.measured import MetricRow, goodput_slo, summarize
+from simulator.commands.compare.predict import CONVENTIONS, predicted_metrics, relative_error
+from simulator.commands.compare.results import Load, read_result
 from simulator.errors import KvplanError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "compare"

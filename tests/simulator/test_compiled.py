@@ -63,7 +63,7 @@ def test_every_hot_module_runs_from_source_under_the_environment_switch():
 def test_a_stale_build_runs_from_source():
     """A module whose source no longer matches the digest the build recorded is found as its
     source; a matching one is left to the default finders (which prefer the compiled file)."""
-    module = "simulator.steps"
+    module = "simulator.engine.steps"
     finder = _StaleBuildFinder(pure=False)
     finder._digests = {module: source_digest(source_path(module))}
     assert finder.reason(module) is None and finder.find_spec(module) is None
@@ -73,7 +73,7 @@ def test_a_stale_build_runs_from_source():
     assert spec is not None and spec.origin == str(source_path(module))
     finder._digests = {}  # not compiled by the build that left the file (or no manifest at all)
     assert finder.find_spec(module).origin == str(source_path(module))
-    assert finder.find_spec("simulator.metrics") is None  # not a hot module: not its business
+    assert finder.find_spec("simulator.engine.metrics") is None  # not a hot module: not its business
     assert PURE_ENV in _StaleBuildFinder(pure=True).reason(module)
 
 

@@ -1,4 +1,4 @@
-"""Prefill/decode disaggregation (simulator/disagg.py): the two passes, the link and the merge.
+"""Prefill/decode disaggregation (simulator/engine/disagg.py): the two passes, the link and the merge.
 
 Llama-3.1-8B in bf16 holds 32 layers × 2 × 8 KV heads × 128 × 2 bytes = 131,072 bytes of KV per
 token (TP 1; TP 2 halves it per rank, and the link moves both ranks' shares): a 1,000-token
@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from simulator.cli import main
-from simulator.disagg import build_pools, kv_bytes_per_token, simulate_disaggregated
-from simulator.engine import simulate
-from simulator.run import load_workload
-from simulator.scenario import LinkSpec, parse_scenario
+from simulator.engine.disagg import build_pools, kv_bytes_per_token, simulate_disaggregated
+from simulator.engine.core import simulate
+from simulator.engine.runs import load_workload
+from simulator.config.scenario import LinkSpec, parse_scenario
 
 BETA = 131_072  # Llama-3.1-8B, bf16: bytes of KV per token, all ranks together
 STEP_S = 0.01
@@ -235,7 +235,7 @@ def test_closed_loop_clients_are_refused(tmp_path, capsys):
 
 
 def test_the_link_serves_each_prefill_replica_in_first_token_order():
-    from simulator.disagg import link_schedule
+    from simulator.engine.disagg import link_schedule
 
     first = np.array([0.3, 0.1, 0.2, 0.1])
     replica = np.array([0, 0, 1, 0])
@@ -254,7 +254,7 @@ def test_the_link_serves_each_prefill_replica_in_first_token_order():
 def test_the_plots_draw_each_pool_apart(tmp_path, monkeypatch):
     """The step figures get one panel per pool (their KV pools differ), and the replica figure
     counts a request at its prefill replica and at its decode replica."""
-    import simulator.plots as plots
+    import simulator.report.plots as plots
 
     seen: dict[str, Any] = {}
     write_plots, write_replica_plot = plots.write_plots, plots.write_replica_plot
@@ -286,7 +286,7 @@ def test_the_pages_label_the_pools_as_they_ran(tmp_path, monkeypatch):
     """The latency figure draws the one merged run, with no "no requests" note for the pools
     (they are step groups, not allocators), and report.html names the engine that ran and each
     pool's GPUs, not the pools as engines."""
-    import simulator.plots as plots
+    import simulator.report.plots as plots
 
     figures = []
     latency_figure = plots._latency_figure

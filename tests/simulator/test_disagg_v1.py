@@ -11,10 +11,10 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulator.engine import simulate
+from simulator.engine.core import simulate
 from simulator.kv.paged import PagedAllocator
 from simulator.latency.constant import ConstantLatency
-from simulator.plan import PrefillChunk
+from simulator.scheduler.plan import PrefillChunk
 from simulator.scheduler import SchedulerConfig, Status
 from simulator.scheduler.v1 import V1Scheduler
 from workloads.request import Request

@@ -16,15 +16,15 @@ import math
 import numpy as np
 import pytest
 
-from simulator import metrics
-from simulator.engine import SimResult, simulate
+from simulator.engine import metrics
+from simulator.engine.core import SimResult, simulate
 from simulator.kv.contiguous import ContiguousAllocator
 from simulator.kv.gpus import get_gpu
 from simulator.kv.models import load_model
 from simulator.kv.paged import PagedAllocator
 from simulator.latency.constant import ConstantLatency
 from simulator.latency.roofline import RooflineLatency
-from simulator.plan import PrefillChunk, StepPlan
+from simulator.scheduler.plan import PrefillChunk, StepPlan
 from simulator.scheduler import Scheduler, SchedulerConfig, Status
 from workloads.request import Request
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from simulator.cli import main
-from simulator.deployment import build_deployment, engine_defaults
+from simulator.config.deployment import build_deployment, engine_defaults
 from simulator.errors import KvplanError
 from simulator.kv.gpus import get_gpu
-from simulator.scenario import load_scenario, parse_scenario
+from simulator.config.scenario import load_scenario, parse_scenario
 from simulator.scheduler import Scheduler
 
 BASE = {
@@ -120,7 +120,7 @@ def test_set_engine_on_the_command_line(tmp_path: Path) -> None:
 
 
 def test_engine_is_a_capacity_sweep_knob_and_sglang_points_run_its_pool(tmp_path: Path) -> None:
-    from simulator.capacity.sweep import read_capacity_scenario, resolve_points
+    from simulator.commands.capacity.sweep import read_capacity_scenario, resolve_points
 
     path = tmp_path / "cap.yaml"
     path.write_text(json.dumps({**BASE, "allocators": ["paged", "contiguous-max"],
@@ -136,7 +136,7 @@ def test_engine_is_a_capacity_sweep_knob_and_sglang_points_run_its_pool(tmp_path
 
 
 def test_capacity_sweeps_a_scenario_that_lists_several_engines(tmp_path: Path) -> None:
-    from simulator.capacity.sweep import read_capacity_scenario, resolve_points
+    from simulator.commands.capacity.sweep import read_capacity_scenario, resolve_points
 
     path = tmp_path / "cap.yaml"
     path.write_text(json.dumps({**BASE, "engine": ["vllm-v1", "sglang"], "slo": {"ttft_p99_s": 1.0},

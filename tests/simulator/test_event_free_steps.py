@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 import simpy
 
-from simulator import engine, report
-from simulator.deployment import build_deployment
-from simulator.engine import _Environment, simulate
-from simulator.run import client_policy, load_workload, scenario_overrides
-from simulator.scenario import load_scenario
+from simulator.engine import core as engine
+from simulator.report import files as report
+from simulator.config.deployment import build_deployment
+from simulator.engine.core import _Environment, simulate
+from simulator.config.overrides import scenario_overrides
+from simulator.engine.runs import client_policy, load_workload
+from simulator.config.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,5 @@
 """`kvplan export`: every generated command parses with its tool's option names (vendored in
-simulator/export_flags.py from each tool's source) and carries the values the simulation used."""
+simulator/commands/export/flags.py from each tool's source) and carries the values the simulation used."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from simulator.cli import main
-from simulator.export_cmd import is_flag, trace_rows
-from simulator.export_flags import (
+from simulator.commands.export.cmd import is_flag, trace_rows
+from simulator.commands.export.flags import (
     GUIDELLM_KINDS,
     GUIDELLM_RUN_FLAGS,
     SGLANG_FLAGS,
@@ -110,7 +110,7 @@ def test_vllm_v1_serve_on_h200_has_v1_defaults(tmp_path: Path, capsys: pytest.Ca
     (env, program, flags), = _scripts(out)[0]
     assert env == {} and program == ["vllm", "serve", "meta-llama/Llama-3.1-8B"]
     assert [f for f in flags if not _vllm_known(f)] == []
-    # vLLM V1's defaults on a >= 70 GiB GPU that is not an A100 (simulator/deployment.py)
+    # vLLM V1's defaults on a >= 70 GiB GPU that is not an A100 (simulator/config/deployment.py)
     assert flags["--max-num-seqs"] == ["1024"]
     assert flags["--max-num-batched-tokens"] == ["8192"]
     assert flags["--gpu-memory-utilization"] == ["0.9"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.fidelity import judge_target, timing_shift_from_load
+from simulator.report.fidelity import judge_target, timing_shift_from_load
 
 
 @pytest.mark.parametrize(("error", "spread", "shift", "verdict", "reason"), [

@@ -1,4 +1,4 @@
-"""report.html: one self-contained page per results folder (simulator/html_report.py).
+"""report.html: one self-contained page per results folder (simulator/report/html.py).
 
 The static tests always run: the page is well-formed, fetches nothing (no http(s) URL, every
 image a PNG data URI), and leads with the headline the folder's JSON implies. The browser test
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simulator.capacity.cmd import run_capacity
+from simulator.commands.capacity.cmd import run_capacity
 from simulator.cli import main
-from simulator.html_report import REPORT_NAME, write_report
+from simulator.report.html import REPORT_NAME, write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -183,7 +183,7 @@ def test_the_best_is_chosen_among_those_that_meet_the_slo() -> None:
     """The lowest p99 TTFT of all misses the TPOT bound: the headline names the other, the one
     that meets the SLO, and says what the first misses (a saturated queue counts as a miss, as
     in capacity's search)."""
-    from simulator.report import slo_headline
+    from simulator.report.summary import slo_headline
 
     def run(ttft: float, tpot: float, **more: object) -> dict[str, object]:
         return {"completed": 990, "rejected": 10, "ttft_s": {"p99": ttft}, "tpot_s": {"p99": tpot},

@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from simulator.cli import _guarded, _missing_backend, main
-from simulator.deployment import build_deployment
+from simulator.config.deployment import build_deployment
 from simulator.errors import KvplanError, KvplanWarning
 from simulator.latency.profile import read_profile
-from simulator.scenario import load_scenario, parse_scenario
+from simulator.config.scenario import load_scenario, parse_scenario
 from simulator.yamlfile import parse_yaml, read_yaml
 from workloads.spec import build_requests, parse_workload, resolve_trace_path
 

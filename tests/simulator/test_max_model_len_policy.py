@@ -10,8 +10,8 @@ import pytest
 
 from simulator.cli import main
 from simulator.errors import KvplanError
-from simulator.report import max_model_len_line
-from simulator.scenario import parse_scenario
+from simulator.report.summary import max_model_len_line
+from simulator.config.scenario import parse_scenario
 from workloads.request import Request
 from workloads.synthetic import fit_to_max_model_len
 

@@ -21,8 +21,8 @@ import math
 import numpy as np
 import pytest
 
-from simulator import metrics
-from simulator.engine import simulate
+from simulator.engine import metrics
+from simulator.engine.core import simulate
 from simulator.kv.paged import PagedAllocator
 from simulator.latency.constant import ConstantLatency
 from simulator.scheduler import Scheduler, SchedulerConfig

@@ -16,17 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from simulator import metrics
+from simulator.engine import metrics
 from simulator.cli import main
-from simulator.deployment import GIB, build_deployment
-from simulator.engine import simulate
+from simulator.config.deployment import GIB, build_deployment
+from simulator.engine.core import simulate
 from simulator.errors import KvplanWarning
 from simulator.kv.gpus import get_gpu
 from simulator.kv.models import load_model
 from simulator.kv.paged import PagedAllocator
 from simulator.latency.roofline import RooflineLatency
-from simulator.plan import PrefillChunk, StepPlan
-from simulator.scenario import load_scenario
+from simulator.scheduler.plan import PrefillChunk, StepPlan
+from simulator.config.scenario import load_scenario
 from simulator.scheduler import SchedulerConfig, make_scheduler
 from workloads.request import Request
 

@@ -16,7 +16,7 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulator.engine import simulate
+from simulator.engine.core import simulate
 from simulator.kv.paged import PagedAllocator
 from simulator.scheduler import SchedulerConfig, make_scheduler
 from tests.simulator.scheduler.test_v1_quiet_runs import LATENCY, _assert_same

@@ -1,4 +1,4 @@
-"""Results folders (simulator/outputs.py): one writer at a time, whole-folder swaps, no stale
+"""Results folders (simulator/report/outputs.py): one writer at a time, whole-folder swaps, no stale
 files, kept caches, recovery after a killed run, and one-line errors for a bad ``--out``.
 
 The concurrency tests use real processes: a lock between threads of one process proves nothing
@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 import yaml
 
-from simulator import report
-from simulator.capacity import cmd as capacity_cmd
+from simulator.report import files as report
+from simulator.commands.capacity import cmd as capacity_cmd
 from simulator.cli import main
 from simulator.errors import KvplanError
-from simulator.outputs import MARKER, default_out_dir, open_output
+from simulator.report.outputs import MARKER, default_out_dir, open_output
 
 ROOT = Path(__file__).resolve().parents[2]
 SIMULATE_FILES = {"summary.json", "run.json", "requests.csv", "steps.csv", "report.html", MARKER}
@@ -59,7 +59,7 @@ CAPACITY = {
 # Holds an output folder open (one file staged) until a line arrives on stdin.
 HOLDER = """\
 import sys
-from simulator.outputs import open_output
+from simulator.report.outputs import open_output
 with open_output(sys.argv[1], command="holder", keep=("cache",)) as folder:
     folder.kept("cache").mkdir(exist_ok=True)
     (folder.kept("cache") / "probe.json").write_text("from the holder")
@@ -72,7 +72,7 @@ with open_output(sys.argv[1], command="holder", keep=("cache",)) as folder:
 WRITER = """\
 import sys, time
 from simulator.errors import KvplanError
-from simulator.outputs import open_output
+from simulator.report.outputs import open_output
 try:
     with open_output(sys.argv[1], command="writer") as folder:
         for i in range(20):

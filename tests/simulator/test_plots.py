@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from simulator.errors import KvplanError
-from simulator.plots import (
+from simulator.report.plots import (
     KV_COLUMNS,
     binned_integrals,
     binned_kv_fractions,

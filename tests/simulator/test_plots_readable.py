@@ -13,7 +13,7 @@ from matplotlib.lines import Line2D
 from matplotlib.transforms import Bbox
 
 from simulator.errors import KvplanError
-from simulator.plots import (
+from simulator.report.plots import (
     _allocators_figure,
     _batch_size_figure,
     _by_allocator,

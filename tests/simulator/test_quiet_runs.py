@@ -15,18 +15,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulator import metrics
-from simulator.deployment import build_deployment
-from simulator.engine import simulate
+from simulator.engine import metrics
+from simulator.config.deployment import build_deployment
+from simulator.engine.core import simulate
 from simulator.kv.models import load_model
 from simulator.kv.gpus import get_gpu
 from simulator.kv.paged import PagedAllocator
 from simulator.latency import quiet_latencies, quiet_plans
 from simulator.latency.constant import ConstantLatency
 from simulator.latency.roofline import RooflineLatency
-from simulator.plan import StepPlan
-from simulator.run import client_policy, load_workload, scenario_overrides
-from simulator.scenario import load_scenario
+from simulator.scheduler.plan import StepPlan
+from simulator.config.overrides import scenario_overrides
+from simulator.engine.runs import client_policy, load_workload
+from simulator.config.scenario import load_scenario
 from simulator.scheduler import Scheduler, SchedulerConfig
 from simulator.scheduler.state import Status
 from workloads.request import Request

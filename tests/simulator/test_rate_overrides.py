@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 from simulator.cli import main
-from simulator.run import scenario_overrides
-from simulator.scenario import load_scenario
+from simulator.config.overrides import scenario_overrides
+from simulator.config.scenario import load_scenario
 
 CHAT = Path(__file__).resolve().parents[2] / "scenarios" / "chat.yaml"  # workload.rate_scale: 3.0
 

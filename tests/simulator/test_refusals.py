@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 import yaml
 
-from simulator.capacity.sweep import read_capacity_scenario, resolve_points
+from simulator.commands.capacity.sweep import read_capacity_scenario, resolve_points
 from simulator.cli import main
-from simulator.deployment import Deployment, build_deployment
+from simulator.config.deployment import Deployment, build_deployment
 from simulator.errors import KvplanError, KvplanWarning
 from simulator.kv.gpus import get_gpu
 from simulator.kv.models import get_model
 from simulator.kv.sizing import kv_capacity
-from simulator.refusals import VLLM_BLOCK_SIZES, check_block_size
-from simulator.scenario import parse_scenario
+from simulator.config.refusals import VLLM_BLOCK_SIZES, check_block_size
+from simulator.config.scenario import parse_scenario
 
 WORKLOAD: dict[str, Any] = {"rate": "inf", "num_requests": 4,
                             "prompt_tokens": {"dist": "fixed", "value": 32},
@@ -208,7 +208,7 @@ def test_hybrid_model_too_long_is_refused_with_vllms_estimate() -> None:
     # gpt-oss-120b on one H100 at 0.82: its 18 full-attention layers need every token of a
     # 131,072-token request; the longest length that fits is the largest L whose grouped blocks
     # fit, found by the binary search vLLM's estimate_max_model_len runs.
-    from simulator.refusals import one_request_kv_bytes
+    from simulator.config.refusals import one_request_kv_bytes
 
     message = refusal(model="gpt-oss-120b", gpu="h100-80gb", tensor_parallel=1,
                       max_model_len=131_072, gpu_memory_utilization=0.82)

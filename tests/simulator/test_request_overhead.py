@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from simulator.deployment import build_deployment
-from simulator.run import client_policy, load_workload, run_allocator
-from simulator.scenario import parse_scenario
+from simulator.config.deployment import build_deployment
+from simulator.engine.runs import client_policy, load_workload, run_allocator
+from simulator.config.scenario import parse_scenario
 
 SCENARIO = {
     "model": "llama-3.1-8b", "gpu": "h100", "allocators": ["paged"],

@@ -1,4 +1,4 @@
-"""Routing policies over data-parallel replicas (simulator/router.py): each policy's rule on
+"""Routing policies over data-parallel replicas (simulator/scheduler/router.py): each policy's rule on
 hand-built replica states, in whole runs, under a stale view, and with quiet runs."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simulator.cli import main
-from simulator.engine import simulate
+from simulator.engine.core import simulate
 from simulator.kv.paged import PagedAllocator
 from simulator.latency.constant import ConstantLatency
-from simulator.router import POLICIES, Router, RouterConfig
+from simulator.scheduler.router import POLICIES, Router, RouterConfig
 from simulator.scheduler import Scheduler, SchedulerConfig, Status
 from workloads.request import Request
 

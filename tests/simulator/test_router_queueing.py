@@ -2,7 +2,7 @@
 
 Two independent Poisson streams (rate λ each), each with its own shared prefix, go to two replicas
 under ``prefix-affinity`` (SGLang's cache-aware router: a prompt whose prefix a replica holds goes
-there while the load stays balanced; simulator/router.py). Each replica serves one request at a
+there while the load stays balanced; simulator/scheduler/router.py). Each replica serves one request at a
 time (``max_num_seqs`` 1) for a fixed time D (constant step time, fixed lengths: one prefill step
 and ``output - 1`` decode steps), so each is an M/D/1 queue, whose mean wait in queue is the
 Pollaczek-Khinchine value ρ·D / (2·(1 − ρ)) with ρ = λ·D, and whose server is busy a fraction ρ
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import random
 
-from simulator.engine import simulate
+from simulator.engine.core import simulate
 from simulator.kv.paged import PagedAllocator
 from simulator.latency.constant import ConstantLatency
-from simulator.router import RouterConfig
+from simulator.scheduler.router import RouterConfig
 from simulator.scheduler import SchedulerConfig, make_scheduler
 from workloads.request import Request
 

@@ -12,13 +12,14 @@ import json
 import pytest
 from rich.console import Console
 
-from simulator import metrics, report
-from simulator.saturation import MAX_QUEUE_GROWTH
+from simulator.engine import metrics
+from simulator.report import summary as report
+from simulator.engine.saturation import MAX_QUEUE_GROWTH
 from simulator.cli import main
-from simulator.engine import simulate
+from simulator.engine.core import simulate
 from simulator.kv.paged import PagedAllocator
 from simulator.latency.constant import ConstantLatency
-from simulator.saturation import Saturation, saturation
+from simulator.engine.saturation import Saturation, saturation
 from simulator.scheduler import Scheduler, SchedulerConfig
 from workloads.clients import Clients
 from workloads.request import Request

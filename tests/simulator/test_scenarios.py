@@ -15,10 +15,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from simulator.deployment import build_deployment
-from simulator.disagg import build_pools
-from simulator.run import run_simulate, scenario_overrides
-from simulator.scenario import load_scenario
+from simulator.config.deployment import build_deployment
+from simulator.engine.disagg import build_pools
+from simulator.commands.simulate import run_simulate
+from simulator.config.overrides import scenario_overrides
+from simulator.config.scenario import load_scenario
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[2] / "scenarios").glob("*.yaml"))
 NUM_REQUESTS = 50

@@ -129,7 +129,7 @@ def test_requests_csv_accounts_for_every_request(full_run):
 
 
 def test_steps_csv_bins_conserve_the_pool_and_the_totals(full_run):
-    """The default steps.csv: one row per second of simulated time (simulator/steps.py)."""
+    """The default steps.csv: one row per second of simulated time (simulator/engine/steps.py)."""
     steps = pd.read_csv(full_run / "steps.csv")
     assert list(steps.columns) == STEP_COLUMNS
     assert np.allclose(steps[KV_PARTS].sum(axis=1), 64 * 16, rtol=1e-12)  # time-weighted means

@@ -13,7 +13,7 @@ from simulator.errors import KvplanError
 from simulator.kv.gpus import get_gpu
 from simulator.kv.models import get_model
 from simulator.kv.sizing import kv_capacity
-from simulator.size_cmd import add_parser, run
+from simulator.commands.size import add_parser, run
 
 
 def _args(*argv: str) -> argparse.Namespace:

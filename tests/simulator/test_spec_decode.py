@@ -17,8 +17,8 @@ from simulator.kv.models import load_model
 from simulator.kv.paged import PagedAllocator
 from simulator.latency.roofline import RooflineLatency
 from simulator.latency.speculative import SpeculativeLatency
-from simulator.plan import StepPlan
-from simulator.run import run_simulate
+from simulator.scheduler.plan import StepPlan
+from simulator.commands.simulate import run_simulate
 from simulator.scheduler import SchedulerConfig, make_scheduler
 from simulator.scheduler.spec import SpecDecodeScheduler
 from tests.simulator.scheduler.test_scheduler import drive

@@ -36,8 +36,8 @@ def test_simulate_parser_imports_no_other_command():
 def test_simulate_imports_no_rich_pandas_or_matplotlib():
     """What ``kvplan simulate --quiet --no-plots`` loads holds no rich, pandas or matplotlib: rich
     comes with a progress bar or the printed table, pandas and matplotlib with the plots."""
-    loaded = imported_by("import simulator.run, simulator.metrics, simulator.saturation, "
-                         "simulator.report, simulator.outputs, simulator.errors, simulator.cli")
+    loaded = imported_by("import simulator.commands.simulate, simulator.engine.metrics, simulator.engine.saturation, "
+                         "simulator.report.files, simulator.report.outputs, simulator.errors, simulator.cli")
     assert not {m.split(".")[0] for m in loaded} & {"rich", "pandas", "matplotlib"}
 
 

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from simulator.deployment import build_deployment
+from simulator.config.deployment import build_deployment
 from simulator.errors import KvplanError
 from simulator.kv.expert_parallel import ExpertRouting, ParallelLayout
 from simulator.kv.gpus import get_gpu
 from simulator.kv.models import get_model
 from simulator.kv.sizing import GIB, NON_TORCH_OVERHEAD_BYTES, kv_capacity
-from simulator.scenario import load_scenario, parse_scenario
-from simulator.size_cmd import add_parser, run
+from simulator.config.scenario import load_scenario, parse_scenario
+from simulator.commands.size import add_parser, run
 
 H200 = get_gpu("h200")
 DSV3 = get_model("DeepSeek-V3")

@@ -19,8 +19,8 @@ from simulator.kv.hybrid import HybridPagedAllocator
 from simulator.kv.models import get_model
 from simulator.kv.sizing import kv_capacity, model_kv_layout
 from simulator.latency.roofline import RooflineLatency
-from simulator.plan import PrefillChunk, StepPlan
-from simulator.size_cmd import add_parser, run
+from simulator.scheduler.plan import PrefillChunk, StepPlan
+from simulator.commands.size import add_parser, run
 
 
 def _size(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:

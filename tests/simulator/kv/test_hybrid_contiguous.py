@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from simulator.deployment import build_deployment
+from simulator.config.deployment import build_deployment
 from simulator.kv.allocator import AllocFailure
 from simulator.kv.contiguous import ContiguousAllocator
 from simulator.kv.hybrid import HybridPagedAllocator
@@ -24,7 +24,7 @@ from simulator.kv.model_config import (
     SLIDING_ATTENTION,
 )
 from simulator.kv.sizing import HybridKVLayout, KVCacheGroup
-from simulator.scenario import parse_scenario
+from simulator.config.scenario import parse_scenario
 
 B = 4  # tokens per block in every layout below
 C = 20  # max_num_batched_tokens: no operation below declares more than this past the computed

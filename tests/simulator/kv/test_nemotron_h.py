@@ -13,7 +13,7 @@ from simulator.errors import KvplanError
 from simulator.kv.hf_config import model_from_hf_config
 from simulator.kv.model_config import FULL_ATTENTION, LINEAR_ATTENTION, MLP_ONLY
 from simulator.kv.models import get_model
-from simulator.size_cmd import add_parser, run
+from simulator.commands.size import add_parser, run
 
 PATTERN = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
 # nvidia/Nemotron-H-8B-Base-8K config.json, the fields kvplan reads
@@ -125,7 +125,7 @@ def test_roofline_one_allreduce_per_layer_and_the_float32_state() -> None:
     # sequence's state in all 24 Mamba layers: (conv 30,720 x 2 B + SSM 1,048,576 x 4 B) each.
     from simulator.kv.gpus import get_gpu
     from simulator.latency.roofline import RooflineLatency
-    from simulator.plan import StepPlan
+    from simulator.scheduler.plan import StepPlan
 
     model = get_model("nemotron-h-8b")
     tp2 = RooflineLatency(model, get_gpu("h100-80gb"), tp=2)

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.deployment import build_deployment
+from simulator.config.deployment import build_deployment
 from simulator.errors import KvplanError
 from simulator.kv.gpus import get_gpu
 from simulator.kv.models import get_model, list_models, model_from_hf_config
 from simulator.kv.quantization import QUANTIZATIONS, canonical_quantization, resolve_quantization
 from simulator.kv.sizing import kv_capacity
-from simulator.scenario import Scenario, parse_scenario
+from simulator.config.scenario import Scenario, parse_scenario
 
 H100, A100 = get_gpu("h100"), get_gpu("a100")
 

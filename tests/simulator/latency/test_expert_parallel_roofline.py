@@ -10,7 +10,7 @@ from simulator.kv.expert_parallel import ExpertRouting
 from simulator.kv.gpus import get_gpu
 from simulator.kv.models import ModelConfig, get_model
 from simulator.latency.roofline import RooflineLatency
-from simulator.plan import PrefillChunk, StepPlan
+from simulator.scheduler.plan import PrefillChunk, StepPlan
 
 H200 = get_gpu("h200")
 DSV3 = get_model("DeepSeek-V3")

@@ -14,7 +14,7 @@ from simulator.kv.models import get_model
 from simulator.kv.quantization import resolve_quantization
 from simulator.latency.constants import RooflineConstants, default_constants, read_fit
 from simulator.latency.roofline import RooflineLatency
-from simulator.plan import PrefillChunk, StepPlan
+from simulator.scheduler.plan import PrefillChunk, StepPlan
 
 LLAMA = get_model("llama-3.1-8b")
 H100 = get_gpu("h100")
@@ -215,7 +215,7 @@ def test_fast_path_equals_the_full_formula():
     from simulator.kv.gpus import get_gpu
     from simulator.kv.models import get_model
     from simulator.latency.roofline import RooflineLatency
-    from simulator.plan import PrefillChunk, StepPlan
+    from simulator.scheduler.plan import PrefillChunk, StepPlan
 
     rng = random.Random(0)
     for model in ("llama-3.1-8b", "qwen2.5-7b", "tiny", "llama-2-7b"):

@@ -11,8 +11,8 @@ must be 0, with the 8 tokens in ``readmission_hit_tokens``.
 
 from __future__ import annotations
 
-from simulator import metrics
-from simulator.engine import simulate
+from simulator.engine import metrics
+from simulator.engine.core import simulate
 from simulator.kv.paged import PagedAllocator
 from simulator.latency.constant import ConstantLatency
 from simulator.scheduler import Scheduler, SchedulerConfig, Status

@@ -17,7 +17,7 @@ import pytest
 from simulator.kv.allocator import KVAllocator
 from simulator.kv.contiguous import ContiguousAllocator
 from simulator.kv.paged import PagedAllocator
-from simulator.plan import StepPlan
+from simulator.scheduler.plan import StepPlan
 from simulator.scheduler import Scheduler, SchedulerConfig, Status, StepOutcome
 from workloads.request import Request
 

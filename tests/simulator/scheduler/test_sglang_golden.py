@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from simulator.kv.radix import RadixTokenPool
-from simulator.plan import StepPlan
+from simulator.scheduler.plan import StepPlan
 from simulator.scheduler.config import SchedulerConfig
 from simulator.scheduler.sglang import SGLangScheduler
 from simulator.scheduler.state import Status

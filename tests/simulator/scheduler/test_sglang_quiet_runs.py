@@ -12,7 +12,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulator.engine import simulate
+from simulator.engine.core import simulate
 from simulator.kv.radix import RadixTokenPool
 from simulator.latency.constant import ConstantLatency
 from simulator.scheduler.config import SchedulerConfig

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from simulator.kv.radix import RadixTokenPool
-from simulator.plan import StepPlan
+from simulator.scheduler.plan import StepPlan
 from simulator.scheduler.config import SchedulerConfig
 from simulator.scheduler.sglang import SGLangScheduler
 from simulator.scheduler.state import Status

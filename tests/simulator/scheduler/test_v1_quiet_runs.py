@@ -16,7 +16,7 @@ import random
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from simulator.engine import simulate
+from simulator.engine.core import simulate
 from simulator.kv.contiguous import ContiguousAllocator
 from simulator.kv.paged import PagedAllocator
 from simulator.latency.constant import ConstantLatency

@@ -1,0 +1,465 @@
+"""A scenario resolved into the concrete things a run needs: model, GPU, KV pool, latency model.
+
+Every allocator of a scenario gets the *same* KV memory (``num_blocks × block_size`` token slots
+per replica, from vLLM's capacity formula or ``num_gpu_blocks_override``); they differ only in how
+they use it.
+
+**Data parallelism** (``data_parallel_size`` = dp): vLLM runs dp engines of ``tensor_parallel``
+GPUs, each with its own scheduler, requests and KV cache, behind one front end that picks an
+engine per request (vLLM's DP load balancer: router policy ``vllm-dp``). kvplan simulates them
+as dp replicas for each of the scenario's ``num_replicas``: the built deployment's
+``scenario.num_replicas`` counts engine replicas (``num_replicas × dp``), so runs, reports and
+GPU counts (replicas × tensor_parallel) see every DP rank. What this approximates: with an MoE
+model vLLM steps its DP ranks together — every MoE layer is a collective across them, and an
+idle rank runs dummy batches (vllm/v1/engine/core.py ``DPEngineCoreProc``) — so a step lasts as
+long as the slowest rank's; kvplan's replicas step independently, each costed as if the other
+DP ranks decoded as many sequences as it does (simulator/latency/roofline.py).
+
+A deployment vLLM would refuse to start (simulator/config/refusals.py: a block size it does not take, a
+max_model_len beyond the model's window or beyond the KV memory, an override larger than the GPU)
+is a KvplanError saying why and what would make it start, unless the scenario says
+``allow_refused: true``. What remains worth knowing (refusals allowed, block sizes its fastest
+kernel does not take, ...) is in :attr:`Deployment.warnings`, emitted once as KvplanWarning when
+the deployment is built and listed in run.json's notes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from simulator.errors import KvplanError, warn_user
+from simulator.kv.allocator import KVAllocator
+from simulator.kv.expert_parallel import ExpertRouting, ParallelLayout
+from simulator.kv.gpus import GPUSpec, get_gpu
+from simulator.kv.hybrid import HybridPagedAllocator
+from simulator.kv.models import ModelConfig, load_model
+from simulator.kv.paged import PagedAllocator
+from simulator.kv.quantization import resolve_quantization
+from simulator.kv.sizing import SCENARIO_KEYS, KVCapacity, hybrid_capacity_tokens, kv_capacity, weights_per_rank
+from simulator.latency import LatencyModel
+from simulator.latency.constant import ConstantLatency
+from simulator.latency.roofline import RooflineLatency
+from simulator.latency.speculative import SpeculativeLatency, draft_head_model
+from simulator.config.refusals import check_startup
+from simulator.config.scenario import SGLANG_KNOBS, V1_KNOBS, Scenario
+from simulator.scheduler import Scheduler, SchedulerConfig, make_scheduler
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Deployment:
+    scenario: Scenario
+    model: ModelConfig
+    gpu: GPUSpec
+    capacity: KVCapacity
+    num_blocks: int  # per replica (per rank: every rank holds its heads' share of each block)
+    scheduler_config: SchedulerConfig
+    latency: LatencyModel
+    # what vLLM's start-up would warn about, and refusals simulated anyway (allow_refused)
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Tokens of KV the pool holds: blocks × block size; for a hybrid model's groups, the
+        context it holds at peak (:func:`simulator.kv.sizing.hybrid_capacity_tokens`: a block id
+        spans one group's layers only)."""
+        cfg, groups = self.scheduler_config, self.capacity.kv_groups
+        if groups is None:
+            return self.num_blocks * cfg.block_size
+        per_request = groups.max_blocks_per_request(cfg.max_model_len, cfg.max_num_batched_tokens)
+        return hybrid_capacity_tokens(self.num_blocks, per_request, cfg.max_model_len)
+
+    @property
+    def max_concurrency(self) -> float:
+        """Requests of ``max_model_len`` tokens the pool holds at once (vLLM's start-up line)."""
+        cfg, groups = self.scheduler_config, self.capacity.kv_groups
+        if groups is None:
+            return self.capacity_tokens / cfg.max_model_len
+        return self.num_blocks / groups.max_blocks_per_request(cfg.max_model_len, cfg.max_num_batched_tokens)
+
+    def make_allocator(self, name: str) -> KVAllocator:
+        cfg = self.scheduler_config
+        if name == "paged" and cfg.engine == "sglang":
+            from simulator.kv.radix import RadixTokenPool
+            return RadixTokenPool(self.num_blocks, cfg.block_size,
+                                  enable_prefix_caching=cfg.enable_prefix_caching,
+                                  eviction_policy=cfg.radix_eviction_policy)
+        if name == "paged" and self.capacity.kv_groups is not None:
+            return HybridPagedAllocator(self.num_blocks, self.capacity.kv_groups,
+                                        enable_prefix_caching=cfg.enable_prefix_caching)
+        if name == "paged":
+            return PagedAllocator(self.num_blocks, cfg.block_size,
+                                  enable_prefix_caching=cfg.enable_prefix_caching,
+                                  offload_blocks=offload_blocks(self.scenario, self.capacity))
+        # the contiguous baselines: loaded by the runs that compare against them
+        from simulator.kv.contiguous import ContiguousAllocator
+        from simulator.kv.hybrid_contiguous import HybridContiguousAllocator
+
+        policy = name.removeprefix("contiguous-")
+        if self.capacity.kv_groups is not None:  # the same block ids, reserved per group
+            return HybridContiguousAllocator(self.num_blocks, self.capacity.kv_groups,
+                                             policy=policy,  # type: ignore[arg-type]
+                                             max_model_len=cfg.max_model_len,
+                                             max_num_batched_tokens=cfg.max_num_batched_tokens)
+        return ContiguousAllocator(self.capacity_tokens, policy=policy,  # type: ignore[arg-type]
+                                   max_model_len=cfg.max_model_len)
+
+    def replica_factory(self, allocator: str, *, detail: bool = False) -> Callable[[int], tuple[Scheduler, KVAllocator]]:
+        def make(_: int) -> tuple[Scheduler, KVAllocator]:
+            alloc = self.make_allocator(allocator)
+            return make_scheduler(alloc, self.scheduler_config, detail=detail, keep_groups=False), alloc
+        return make
+
+    def describe(self) -> dict[str, Any]:
+        cap = self.capacity
+        describe = getattr(self.latency, "describe", None)
+        return {
+            "engine": self.scheduler_config.engine,
+            "model": self.model.name,
+            "gpu": self.gpu.name,
+            "tensor_parallel": cap.tp,
+            "data_parallel_size": cap.dp,
+            "expert_parallel_size": cap.ep,
+            "num_replicas": self.scenario.num_replicas,  # engine replicas: one per DP rank
+            "kv_cache_dtype": cap.kv_cache_dtype,
+            "bytes_per_token": cap.bytes_per_token,
+            "block_size": self.scheduler_config.block_size,
+            "num_blocks": self.num_blocks,
+            "kv_capacity_tokens": self.capacity_tokens,
+            "available_kv_gib": cap.available_kv_bytes / GIB,
+            "kv_pool_gib": self.num_blocks * cap.block_bytes / GIB,
+            "weight_gib_per_rank": cap.weight_bytes / GIB,
+            "expert_weight_gib_per_rank": cap.expert_weight_bytes / GIB,
+            "quantization": cap.weight_format.quantization,
+            "weight_dtype": cap.weight_format.weight_dtype,
+            "gemm_dtype": cap.weight_format.gemm_dtype,
+            "activation_gib_per_rank": cap.activation_bytes / GIB,
+            "max_model_len": self.scheduler_config.max_model_len,
+            "max_num_seqs": self.scheduler_config.max_num_seqs,
+            "max_num_batched_tokens": self.scheduler_config.max_num_batched_tokens,
+            "enable_prefix_caching": self.scheduler_config.enable_prefix_caching,
+            "max_concurrency_at_max_model_len": self.max_concurrency,
+            "notes": list(cap.notes) + list(self.warnings),
+            "warnings": list(self.warnings),
+            "latency_model": describe() if describe else {},
+        }
+
+
+class EngineKnobs(NamedTuple):
+    """The scheduler knobs a scenario leaves to its engine, resolved for the GPU."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    enable_prefix_caching: bool
+    gpu_memory_utilization: float  # SGLang: its mem_fraction_static
+    engine_knobs: dict[str, Any]  # the engine's own knobs, set only where the scenario sets them
+
+
+def engine_defaults(scenario: Scenario, gpu: GPUSpec, max_model_len: int) -> EngineKnobs:
+    """The scenario's knobs, each unset one at the default its engine would start with on ``gpu``.
+
+    * vllm-v1: ``max_num_seqs`` / ``max_num_batched_tokens`` as ``vllm serve`` sets them
+      (vllm/engine/arg_utils.py ``EngineArgs.get_batch_defaults``, OPENAI_API_SERVER context):
+      1024 / 8192 on a GPU of at least 70 GiB that is not an A100 ("Setting large
+      max_num_batched_tokens for A100 reduces throughput, see PR #17885"), else 256 / 2048;
+      without chunked prefill the budget must hold a whole prompt: max(max_model_len, that)
+      (vllm/config/scheduler.py). Prefix caching on (vllm/engine/arg_utils.py: V1 turns it on
+      for generative models unless --no-enable-prefix-caching). Block size 16
+      (vllm/config/cache.py ``block_size`` default for CUDA).
+    * vllm-v0: 256 sequences (V0's ``SchedulerConfig.max_num_seqs`` default), 8192 batched
+      tokens with chunked prefill (the budget ``vllm serve`` gives H100-class GPUs; else a whole
+      prompt), no prefix caching (off by default in V0), block 16: kvplan's defaults before
+      engines were selectable, kept so that V0 runs are unchanged.
+    * sglang: :func:`simulator.scheduler.sglang.sglang_defaults` (SGLang's server_args):
+      ``chunked_prefill_size`` (kvplan's ``max_num_batched_tokens``) and ``mem_fraction_static``
+      (kvplan's ``gpu_memory_utilization``: :func:`simulator.kv.sizing.kv_capacity`
+      ``static_fraction``) by GPU memory; page size 1; the radix cache on. ``max_num_seqs``
+      (``max_running_requests``) follows from the pool once sized
+      (:func:`simulator.scheduler.sglang.sglang_max_running_requests`): 0 here.
+    """
+    engine = scenario.engine
+    knobs: dict[str, Any] = {}
+    if engine == "sglang":
+        from simulator.scheduler.sglang import sglang_defaults
+        sg = sglang_defaults(gpu.hbm_gib, tensor_parallel=scenario.tensor_parallel)
+        # max_running_requests follows from the pool's size: build_deployment sets it once sized
+        seqs = scenario.max_num_seqs or 0
+        batched = scenario.max_num_batched_tokens or int(sg["chunked_prefill_size"])
+        block = scenario.block_size or 1  # server_args.py: page_size None -> 1
+        caching = True if scenario.enable_prefix_caching is None else scenario.enable_prefix_caching
+        for name in SGLANG_KNOBS:
+            if getattr(scenario, name) is not None:
+                knobs[name] = getattr(scenario, name)
+        fraction = scenario.gpu_memory_utilization or float(sg["mem_fraction_static"])
+        return EngineKnobs(seqs, batched, block, caching, fraction, knobs)
+    block = scenario.block_size or 16
+    fraction = scenario.gpu_memory_utilization or 0.9  # vllm/config/cache.py default
+    if engine == "vllm-v1":
+        big = gpu.hbm_bytes >= 70 * GIB and "a100" not in gpu.name.lower()
+        seqs = scenario.max_num_seqs or (1024 if big else 256)
+        batched = scenario.max_num_batched_tokens or (8192 if big else 2048)
+        if scenario.max_num_batched_tokens is None and not scenario.enable_chunked_prefill:
+            batched = max(max_model_len, batched)
+        caching = True if scenario.enable_prefix_caching is None else scenario.enable_prefix_caching
+        for name in V1_KNOBS:
+            if getattr(scenario, name) is not None:
+                knobs[name] = getattr(scenario, name)
+        return EngineKnobs(seqs, batched, block, caching, fraction, knobs)
+    seqs = scenario.max_num_seqs or 256
+    batched = scenario.max_num_batched_tokens
+    if batched is None:  # V0's defaults: 8192 with chunked prefill, else a whole prompt
+        batched = max(8192, seqs) if scenario.enable_chunked_prefill else max(max_model_len, seqs)
+    return EngineKnobs(seqs, batched, block, bool(scenario.enable_prefix_caching), fraction, knobs)
+
+
+def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool = False,
+                     where: str = "scenario") -> Deployment:
+    """Resolve names and sizes; any inconsistency, or a deployment vLLM would refuse to start
+    (unless ``scenario.allow_refused``), is a one-line KvplanError naming ``where``. Warnings are
+    emitted as KvplanWarning and kept in :attr:`Deployment.warnings`. One engine: a scenario
+    listing several is built per engine (:meth:`Scenario.for_engine`)."""
+    if scenario.disaggregation is not None:  # simulator/engine/disagg.py builds each pool's
+        raise KvplanError(f"{where}: disaggregation: not yet supported here (only `simulate` "
+                          "runs it)")
+    if not isinstance(scenario.engine, str):
+        raise KvplanError(f"{where}: engine: {', '.join(scenario.engine)}: list several engines "
+                          "only for `simulate`; elsewhere give one (capacity: sweep: {engine: [...]})")
+    try:
+        model = load_model(_resolve(scenario.model, base_dir) if scenario.model.endswith(".json") else scenario.model)
+    except KvplanError as err:
+        raise KvplanError(f"{where}: model: {err}") from None
+    try:
+        gpu = get_gpu(scenario.gpu)
+    except KvplanError as err:
+        raise KvplanError(f"{where}: gpu: {err}") from None
+    max_model_len = scenario.max_model_len or model.max_position_embeddings
+    knobs = engine_defaults(scenario, gpu, max_model_len)
+    max_seqs, batched, block_size = knobs.max_num_seqs, knobs.max_num_batched_tokens, knobs.block_size
+    sglang = scenario.engine == "sglang"
+    _check_drafting_slots(scenario, batched, where)
+
+    def capacity_at(tp: int, kv_cache_dtype: str) -> KVCapacity:
+        return kv_capacity(
+            model, gpu, tp=tp, kv_cache_dtype=kv_cache_dtype, quantization=scenario.quantization,
+            block_size=block_size, gpu_memory_utilization=knobs.gpu_memory_utilization,
+            max_num_batched_tokens=batched, max_num_seqs=max_seqs or 1, max_model_len=max_model_len,
+            knobs=SCENARIO_KEYS, static_fraction=sglang,
+            hybrid_kv_cache_manager=_hybrid_manager(scenario), dp=scenario.data_parallel_size,
+            enable_expert_parallel=scenario.enable_expert_parallel)
+
+    try:
+        cap = capacity_at(scenario.tensor_parallel, scenario.kv_cache_dtype)
+    except KvplanError as err:
+        raise KvplanError(f"{where}: {err}") from None
+    startup = check_startup(model, gpu, cap, block_size=block_size, engine=scenario.engine,
+                            max_num_batched_tokens=batched,
+                            max_model_len=max_model_len,
+                            num_gpu_blocks_override=scenario.num_gpu_blocks_override,
+                            capacity_at=capacity_at)
+    said = startup.raise_or_warnings(where, scenario.allow_refused) + tuple(
+        _offload_dropped(scenario, cap))
+    for warning in said:
+        warn_user(f"{where}: {warning}")
+    num_blocks = scenario.num_gpu_blocks_override or cap.num_blocks
+    drafter = _drafter_model(scenario, model, where)
+    if drafter is not None and not scenario.num_gpu_blocks_override:
+        num_blocks = _blocks_less_draft_weights(scenario, drafter, gpu, cap, num_blocks, where)
+    if sglang:
+        from simulator.scheduler.sglang import sglang_max_running_requests
+        max_seqs = sglang_max_running_requests(num_blocks * block_size, max_model_len,
+                                               scenario.max_num_seqs)
+    swap_tokens = int(scenario.swap_space * GIB // cap.bytes_per_token)
+    try:
+        sched = SchedulerConfig(
+            max_num_seqs=max_seqs, max_num_batched_tokens=batched, max_model_len=max_model_len,
+            block_size=cap.block_size, enable_chunked_prefill=scenario.enable_chunked_prefill,
+            enable_prefix_caching=knobs.enable_prefix_caching,
+            preemption_mode=scenario.preemption_mode, swap_space_tokens=swap_tokens,
+            beam_replace_prob=scenario.beam_replace_prob, seed=scenario.seed,
+            engine=scenario.engine, **knobs.engine_knobs, **_spec_knobs(scenario),
+        )
+    except ValueError as err:
+        raise KvplanError(f"{where}: {err}") from None
+    latency = _latency_model(scenario, base_dir, model, gpu, cap, block_size, force_profile)
+    if scenario.speculative is not None:
+        latency = _speculative_latency(scenario, latency, drafter, gpu, block_size, where)
+    if scenario.data_parallel_size > 1:  # one engine replica per DP rank (module docstring)
+        scenario = scenario.model_copy(update={
+            "num_replicas": scenario.num_replicas * scenario.data_parallel_size})
+    return Deployment(scenario, model, gpu, cap, num_blocks, sched, latency, said)
+
+
+def offload_blocks(scenario: Scenario, cap: KVCapacity) -> int:
+    """Blocks of the ``kv_offload`` CPU tier of one replica (0 without it): vLLM's
+    ``cpu_bytes_to_use // (page bytes × layers × world_size)``, a block holding every rank's
+    share (vllm/v1/kv_offload/cpu/spec.py)."""
+    offload = scenario.kv_offload
+    return int(offload.size_gib * GIB) // (cap.block_bytes * cap.tp) if offload else 0
+
+
+def _offload_dropped(scenario: Scenario, cap: KVCapacity) -> list[str]:
+    """What of ``kv_offload:`` the run leaves out, to be said rather than dropped in silence:
+    a tier too small for one block (size_gib 0 included), a hybrid model's pool (its allocator
+    models no tier), the contiguous allocators (which model none)."""
+    if scenario.kv_offload is None:
+        return []
+    size = scenario.kv_offload.size_gib
+    if not offload_blocks(scenario, cap):
+        less = "" if size == 0 else (f" is less than one KV block ({cap.block_bytes * cap.tp:,}"
+                                     " bytes a replica), so it")
+        return [f"kv_offload: size_gib {size:g}{less} gives no CPU tier: the run is the same as"
+                " without kv_offload"]
+    said = []
+    if "paged" in scenario.allocators and cap.kv_groups is not None:
+        said.append("kv_offload: the CPU tier is not modelled for a model with several KV cache"
+                    " groups (sliding-window, chunked or linear-attention layers): allocator paged"
+                    " runs without it")
+    contiguous = [a for a in scenario.allocators if a != "paged"]
+    if contiguous:
+        said.append(f"kv_offload: the CPU tier is modelled for allocator paged only; "
+                    f"{', '.join(contiguous)} run{'s' if len(contiguous) == 1 else ''} without it")
+    return said
+
+
+def _drafter_model(scenario: Scenario, target: ModelConfig, where: str) -> ModelConfig | None:
+    """The model whose weights and passes speculative decoding adds: the catalog draft model,
+    an EAGLE/MTP head (simulator/latency/speculative.py), or None (n-gram, or no speculation)."""
+    spec = scenario.speculative
+    if spec is None or spec.method == "ngram":
+        return None
+    if spec.method in ("eagle", "mtp"):
+        return draft_head_model(target)
+    try:
+        drafter = load_model(spec.draft_model)  # type: ignore[arg-type]
+    except KvplanError as err:
+        raise KvplanError(f"{where}: speculative.draft_model: {err}") from None
+    # vLLM refuses a draft model whose vocabulary size differs from the target's
+    # (vllm/config/speculative.py, SpeculativeConfig.verify_equal_vocab_size_if_draft_model,
+    # called by _verify_args unless use_heterogeneous_vocab, which kvplan does not model)
+    if drafter.vocab_size != target.vocab_size:
+        raise KvplanError(f"{where}: speculative.draft_model: {drafter.name} has a vocabulary of"
+                          f" {drafter.vocab_size:,} tokens, {target.name} of {target.vocab_size:,};"
+                          " vLLM requires a draft model with the target's vocabulary size")
+    return drafter
+
+
+def _blocks_less_draft_weights(scenario: Scenario, drafter: ModelConfig, gpu: GPUSpec,
+                               cap: KVCapacity, num_blocks: int, where: str) -> int:
+    """KV blocks left once the drafter's weights (per rank, at the scenario's quantization) are
+    loaded: vLLM profiles memory with the draft model loaded beside the target
+    (vllm/v1/worker/gpu_model_runner.py ``load_model`` loads the drafter), so its weights come
+    out of the KV budget. An EAGLE/MTP head's embedding and lm_head are the target's (shared in
+    ``EagleProposer.load_model``, vllm/v1/spec_decode/eagle.py): only its layer counts."""
+    fmt = resolve_quantization(drafter, scenario.quantization, gpu)
+    # per rank as the target's: TP-sharded, an MoE drafter's experts over the EP ranks
+    per_rank, _ = weights_per_rank(drafter, fmt, ParallelLayout(
+        scenario.tensor_parallel, scenario.data_parallel_size,
+        scenario.enable_expert_parallel and drafter.is_moe))
+    if scenario.speculative is not None and scenario.speculative.method in ("eagle", "mtp"):
+        shared = drafter.vocab_size * drafter.hidden_size * (1 if drafter.tie_word_embeddings else 2)
+        per_rank = math.ceil(per_rank * max(drafter.num_params - shared, 0) / drafter.num_params)
+    left = num_blocks - math.ceil(per_rank / cap.block_bytes)  # a hybrid pool's block spans its groups
+    if left < 1:
+        raise KvplanError(f"{where}: speculative: the draft weights ({per_rank / GIB:.1f} GiB per "
+                          "rank) leave no KV block; raise tensor_parallel or pick a smaller draft")
+    return left
+
+
+def _speculative_latency(scenario: Scenario, base: LatencyModel, drafter: ModelConfig | None,
+                         gpu: GPUSpec, block_size: int, where: str) -> LatencyModel:
+    """The target's verify pass plus the drafter's passes (simulator/latency/speculative.py)."""
+    spec = scenario.speculative
+    assert spec is not None
+    if not isinstance(base, RooflineLatency):
+        raise KvplanError(f"{where}: speculative: needs latency model roofline (the verify and "
+                          f"draft passes are costed from the catalog), not {scenario.latency.model}")
+    draft = None
+    if drafter is not None:
+        # the drafter's passes run inside the engine's step: its per-step overheads are the
+        # target's, paid once
+        draft = RooflineLatency(drafter, gpu, tp=scenario.tensor_parallel,
+                                kv_cache_dtype=scenario.kv_cache_dtype, block_size=block_size,
+                                constants=base.constants, step_overhead_s=0.0, prefill_overhead_s=0.0)
+    return SpeculativeLatency(base, spec.num_speculative_tokens, draft)
+
+
+def _check_drafting_slots(scenario: Scenario, max_num_batched_tokens: int, where: str) -> None:
+    """vLLM refuses to start when the token budget leaves no slot beside the draft slots each
+    request adds (vllm/config/vllm.py, ``VllmConfig._set_max_num_scheduled_tokens``: "does not
+    have enough slots to schedule a token", when ``max_num_batched_tokens <=
+    max_num_new_slots_for_drafting``). Those slots (vllm/config/speculative.py,
+    ``SpeculativeConfig.max_num_new_slots_for_drafting``): 1 for a draft model, whose input keeps
+    one unsliced token, 0 for EAGLE, MTP and n-gram (kvplan models no parallel drafting). Past
+    that vLLM starts, and its scheduler cuts each verify to the budget (drafts that do not fit
+    are dropped), as kvplan's does (simulator/scheduler/spec.py)."""
+    spec = scenario.speculative
+    slots = 1 if spec is not None and spec.method == "draft_model" else 0
+    if spec is not None and max_num_batched_tokens <= slots:
+        raise KvplanError(f"{where}: speculative: max_num_batched_tokens {max_num_batched_tokens}"
+                          f" leaves no token beside the {slots} draft slot a {spec.method} request"
+                          " adds; vLLM refuses to start: raise max_num_batched_tokens")
+
+
+def _spec_knobs(scenario: Scenario) -> dict[str, Any]:
+    """SchedulerConfig's speculative fields; lookahead slots as vLLM's ``Scheduler.__init__``
+    sets them: k when the proposer keeps KV (``use_eagle()``: eagle, eagle3, mtp;
+    ``uses_draft_model()``), else 0 (vllm/v1/core/sched/scheduler.py)."""
+    spec = scenario.speculative
+    if spec is None:
+        return {}
+    k = spec.num_speculative_tokens
+    return {"num_speculative_tokens": k, "spec_acceptance": spec.rates,
+            "num_lookahead_tokens": 0 if spec.method == "ngram" else k}
+
+
+def _hybrid_manager(scenario: Scenario) -> bool:
+    """Whether the pool is sized as vLLM's hybrid KV cache manager sizes it: vLLM V1 unless
+    ``disable_hybrid_kv_cache_manager``. Its paged allocator is the hybrid manager's, its
+    contiguous ones reserve per KV cache group in the same block ids
+    (:class:`~simulator.kv.hybrid_contiguous.HybridContiguousAllocator`); V0 and SGLang size
+    every layer as full attention here, so those pools keep every token of every layer."""
+    return scenario.engine == "vllm-v1" and not scenario.disable_hybrid_kv_cache_manager
+
+
+def _resolve(path: str, base_dir: Path) -> str:
+    p = Path(path)
+    return str(p if p.is_absolute() or p.exists() else base_dir / p)
+
+
+def _latency_model(scenario: Scenario, base_dir: Path, model: ModelConfig, gpu: GPUSpec,
+                   cap: KVCapacity, block_size: int, force_profile: bool) -> LatencyModel:
+    spec = scenario.latency
+    if spec.model == "constant":
+        assert spec.step_s is not None
+        return ConstantLatency(spec.step_s)
+    if spec.model == "profile":
+        # a measured profile is fitted with numpy (~0.07 s of CPU to import): only its runs pay
+        from simulator.latency.profile import ProfileLatency, check_profile_matches, read_profile
+
+        assert spec.profile is not None
+        profile = read_profile(_resolve(spec.profile, base_dir))
+        if not force_profile:
+            check_profile_matches(profile, model=model.name, tensor_parallel=scenario.tensor_parallel,
+                                  kv_cache_dtype=cap.kv_cache_dtype, gpu=gpu.name)
+        return ProfileLatency(profile, block_size=block_size)
+    return RooflineLatency(
+        model, gpu, tp=scenario.tensor_parallel, kv_cache_dtype=scenario.kv_cache_dtype,
+        quantization=cap.weight_format,  # the one sizing resolved: same bytes, same GEMM dtype
+        block_size=block_size, mem_efficiency=spec.mem_efficiency,
+        flops_efficiency=spec.flops_efficiency, fp8_flops_efficiency=spec.fp8_flops_efficiency,
+        moe_flops_efficiency=spec.moe_flops_efficiency,
+        step_overhead_s=spec.step_overhead_s, prefill_overhead_s=spec.prefill_overhead_s,
+        allreduce_latency_s=spec.allreduce_latency_s, request_overhead_s=spec.request_overhead_s,
+        host_bandwidth_bytes_s=scenario.kv_offload.bandwidth_gb_s * 1e9
+        if scenario.kv_offload and scenario.kv_offload.bandwidth_gb_s else None,
+        dp=scenario.data_parallel_size, enable_expert_parallel=scenario.enable_expert_parallel,
+        expert_routing=ExpertRouting(scenario.expert_routing.distribution,
+                                     scenario.expert_routing.skew, seed=scenario.seed),
+        alltoall_latency_s=spec.alltoall_latency_s,
+    )
