@@ -24,7 +24,7 @@ import yaml
 from simulator.report import files as report
 from simulator.commands.capacity import cmd as capacity_cmd
 from simulator.cli import main
-from simulator.errors import KvplanError
+from simulator.errors import KvplanError, KvplanWarning
 from simulator.report.outputs import MARKER, default_out_dir, open_output
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -408,7 +408,8 @@ def test_capacity_rerun_replaces_points_and_keeps_the_cache(tmp_path: Path) -> N
     assert names(out / "plots" / "points") == {"000.png", "001.png"}
     probes = names(out / "cache")
     assert probes
-    assert capacity(*argv, "--sweep", "block_size=16") == 0
+    with pytest.warns(KvplanWarning, match="made with other settings"):  # another sweep of the file
+        assert capacity(*argv, "--sweep", "block_size=16") == 0
     assert names(out / "plots" / "points") == {"000.png"}  # point 001 is not this run's
     assert names(out / "cache") == probes  # the one point's probes all came from the cache
     assert {"capacity.csv", "capacity.json", "report.html", "cache", "plots", MARKER} == names(out)
