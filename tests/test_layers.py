@@ -3,7 +3,10 @@
 :data:`LAYERS` is the order, written once (docs/concepts/architecture.md shows it and a test
 below checks that it does). A module may import its own layer and those below it, never one
 above; every import counts, those inside functions too (a lazy import is still an arrow), but
-not those under ``if TYPE_CHECKING:`` (annotations only). The commands are reached from the CLI
+not those under ``if TYPE_CHECKING:`` (annotations only). The Python API and the commands share a
+layer: ``kvplan simulate`` and ``kvplan size`` are built on :mod:`simulator.api`, and
+:func:`simulator.api.capacity` runs the search ``kvplan capacity`` runs; the circle test keeps
+them from importing each other both ways. The commands are reached from the CLI
 through a registry of module names (:data:`simulator.cli.COMMANDS`) and ``"module:function"``
 strings, which import nothing until a command runs.
 """
@@ -28,8 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("simulator.config",),                                # scenario -> deployment
     ("simulator.engine",),                                # SimPy engine, runs, metrics
     ("simulator.report",),                                # folders, files, tables, plots, HTML
-    ("simulator.api",),                                   # the Python API
-    ("simulator.commands",),                              # one module or package per command
+    ("simulator.api", "simulator.commands"),              # the two faces: Python API, commands
     ("simulator.cli", "backend"),                         # parse and dispatch; the real engine
 )
 

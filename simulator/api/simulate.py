@@ -149,12 +149,28 @@ def simulate(scenario: str | Path | Scenario | Mapping[str, Any] | Plan, /, *,
         return run(plan, steps=steps, step_bin_s=step_bin_s, progress=bar)
 
 
+@dataclass(frozen=True)
+class Workload:
+    """A plan's requests (after its ``max_model_len_policy``) and the clients that send them."""
+
+    fit: ModelLenFit
+    clients: Any
+
+
+def workload(plan: Plan) -> Workload:
+    """Build (and check) the plan's requests: a trace is read here, so a bad one fails before
+    anything is simulated or written."""
+    fit = load_workload(plan.scenario, plan.base_dir, plan.deployment.scheduler_config.max_model_len)
+    return Workload(fit, client_policy(plan.scenario, len(fit.requests)))
+
+
 def run(plan: Plan, *, steps: str = "bins", step_bin_s: float = DEFAULT_BIN_S,
-        progress: Progress | None = None) -> Result:
-    """Simulate a resolved :class:`Plan` (``simulate`` does this after :func:`load`)."""
+        progress: Progress | None = None, requests: Workload | None = None) -> Result:
+    """Simulate a resolved :class:`Plan` (``simulate`` does this after :func:`load`);
+    ``requests``: the plan's :func:`workload`, when already built."""
     scenario = plan.scenario
-    fit = load_workload(scenario, plan.base_dir, plan.deployment.scheduler_config.max_model_len)
-    clients = client_policy(scenario, len(fit.requests))
+    built = requests if requests is not None else workload(plan)
+    fit, clients = built.fit, built.clients
     if plan.disaggregated:
         return _run_disaggregated(plan, fit, clients, steps, step_bin_s, progress)
     several = len(plan.deployments) > 1  # one engine: a run per allocator, named by it; several: engine/allocator
@@ -349,5 +365,5 @@ class Result:
         return REQUEST_COLUMNS
 
 
-__all__ = ["FLAG_KEYS", "KVShares", "Latency", "Plan", "Result", "RunSummary", "dotted_overrides", "load", "run",
-           "simulate"]
+__all__ = ["FLAG_KEYS", "KVShares", "Latency", "Plan", "Result", "RunSummary", "Workload", "dotted_overrides", "load",
+           "run", "simulate", "workload"]

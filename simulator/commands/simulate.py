@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from simulator.api.simulate import Result, load, run
+from simulator.api.simulate import Result, load, run, workload
 from simulator.engine.steps import DEFAULT_BIN_S
 from simulator.report import summary as report
 from simulator.report.outputs import RunSource, default_out_dir, open_output, shown_run
@@ -25,6 +25,7 @@ def run_simulate(path: str, *, out: str | None, overrides: dict[str, object], qu
     folder holding a run of another scenario file (:mod:`simulator.report.outputs`). Returns the
     folder and every run's summary."""
     plan = load(path, overrides=overrides, force_profile=force_profile)
+    requests = workload(plan)  # a bad trace fails here, before the output folder is touched
     scenario = plan.scenario
     source = RunSource.of("simulate", [path], scenario.model_dump(mode="json"), shown_run(path, overrides))
     out_dir = Path(out) if out else default_out_dir(scenario.name, where=path)
@@ -35,9 +36,9 @@ def run_simulate(path: str, *, out: str | None, overrides: dict[str, object], qu
         progress = make_progress(quiet)
         if progress is not None:
             with progress:
-                result = run(plan, steps=steps, step_bin_s=step_bin_s, progress=progress)
+                result = run(plan, steps=steps, step_bin_s=step_bin_s, progress=progress, requests=requests)
         else:
-            result = run(plan, steps=steps, step_bin_s=step_bin_s)
+            result = run(plan, steps=steps, step_bin_s=step_bin_s, requests=requests)
         result.write_into(folder.staging, plots=plots)
     if not quiet:
         print_result(result, out_dir)
