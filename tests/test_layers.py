@@ -5,7 +5,7 @@ below checks that it does). A module may import its own layer and those below it
 above; every import counts, those inside functions too (a lazy import is still an arrow), but
 not those under ``if TYPE_CHECKING:`` (annotations only). The Python API and the commands share a
 layer: ``kvplan simulate`` and ``kvplan size`` are built on :mod:`simulator.api`, and
-:func:`simulator.api.capacity` runs the search ``kvplan capacity`` runs; the circle test keeps
+:func:`simulator.api.search` runs the search ``kvplan capacity`` runs; the circle test keeps
 them from importing each other both ways. The commands are reached from the CLI
 through a registry of module names (:data:`simulator.cli.COMMANDS`) and ``"module:function"``
 strings, which import nothing until a command runs.

@@ -41,18 +41,18 @@ from simulator.errors import (
 )
 
 # Each name's module, imported when the name is first used: ``kvplan size`` imports
-# simulator.api.size without the engine, and ``from simulator import api`` stays instant.
+# simulator.api.sizing without the engine, and ``from simulator import api`` stays instant.
 _HOMES = {
-    "CapacityResult": "capacity", "capacity": "capacity",
-    "Latency": "simulate", "Plan": "simulate", "Result": "simulate", "RunSummary": "simulate",
-    "load": "simulate", "simulate": "simulate",
-    "SizeResult": "size", "size": "size",
+    "CapacityResult": "search", "capacity": "search",
+    "Latency": "simulation", "Plan": "simulation", "Result": "simulation", "RunSummary": "simulation",
+    "load": "simulation", "simulate": "simulation",
+    "SizeResult": "sizing", "size": "sizing",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from simulator.api.capacity import CapacityResult, capacity
-    from simulator.api.simulate import Latency, Plan, Result, RunSummary, load, simulate
-    from simulator.api.size import SizeResult, size
+    from simulator.api.search import CapacityResult, capacity
+    from simulator.api.simulation import Latency, Plan, Result, RunSummary, load, simulate
+    from simulator.api.sizing import SizeResult, size
 
 
 def __getattr__(name: str) -> Any:

@@ -1,5 +1,5 @@
 """``kvplan simulate``: a scenario, every engine and allocator it lists, one trace -> tables,
-JSON/CSV and plots in a results folder. A thin layer over :mod:`simulator.api.simulate`: this
+JSON/CSV and plots in a results folder. A thin layer over :mod:`simulator.api.simulation`: this
 module adds the results folder (locked before anything is simulated, swapped in once every file
 is written: :mod:`simulator.report.outputs`), the progress bar and the printed table."""
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from simulator.api.simulate import Result, load, run, workload
+from simulator.api.simulation import Result, load, run, workload
 from simulator.engine.steps import DEFAULT_BIN_S
 from simulator.report import summary as report
 from simulator.report.outputs import RunSource, default_out_dir, open_output, shown_run

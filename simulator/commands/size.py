@@ -15,7 +15,7 @@ import argparse
 import json
 from typing import Any
 
-DEFAULT_ROPE_DIM = 64  # simulator.api.size.DEFAULT_ROPE_DIM (this module stays light: the parser imports it)
+DEFAULT_ROPE_DIM = 64  # simulator.api.sizing.DEFAULT_ROPE_DIM (this module stays light: the parser imports it)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -62,8 +62,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``kvplan size``: :func:`simulator.api.size` with the flags, its table (or JSON) printed."""
-    from simulator.api.size import SizeQuery, size
+    """Run ``kvplan size``: :func:`simulator.api.sizing` with the flags, its table (or JSON) printed."""
+    from simulator.api.sizing import SizeQuery, size
 
     query = {name: getattr(args, name) for name in SizeQuery.__dataclass_fields__ if name != "model"}
     result = size(args.model, **query)

@@ -139,3 +139,14 @@ def test_from_simulator_import_api_is_light() -> None:
             "print(any(m.startswith(('simulator.engine', 'pandas', 'matplotlib')) for m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_the_api_names_stay_functions_once_the_commands_are_imported() -> None:
+    """The modules behind the names (simulation, sizing, search) are named apart from them: a
+    command importing ``simulator.api.simulation`` must not turn ``api.simulate`` into a module."""
+    import simulator.api.search  # noqa: F401
+    import simulator.api.simulation  # noqa: F401
+    import simulator.api.sizing  # noqa: F401
+    import simulator.commands.simulate  # noqa: F401
+
+    assert callable(api.simulate) and callable(api.size) and callable(api.capacity)

@@ -14,7 +14,7 @@ from simulator.commands.capacity.search import run_search
 from simulator.config.deployment import Deployment, build_deployment
 from simulator.config.scenario import SLOSpec, parse_scenario
 from workloads.spec import build_requests
-from tests.simulator.capacity.test_search import STEP_S, analytic_scenario, task
+from tests.simulator.commands.capacity.test_search import STEP_S, analytic_scenario, task
 
 
 def bound_of(data: dict[str, Any], allocator: str = "paged",

@@ -7,7 +7,7 @@ import pytest
 from matplotlib.lines import Line2D
 
 from simulator.commands.capacity import cmd, plots, search
-from tests.simulator.capacity.test_capacity_cmd import scenario_file
+from tests.simulator.commands.capacity.test_capacity_cmd import scenario_file
 from tests.simulator.test_plots_readable import assert_no_legend_on_data
 
 

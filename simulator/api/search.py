@@ -61,8 +61,8 @@ def capacity(scenario: str | Path, /, *, sweep: Mapping[str, Sequence[Any]] | No
     (``--target-rate``/``--growth``). ``jobs``: worker processes (default 1 here; None: every
     CPU). ``out``: keep the files (``capacity.csv``, ``capacity.json``, plots with ``plots``,
     the probe cache) in this folder; None writes them to a temporary folder that is removed.
-    Keyword arguments and ``overrides`` set scenario keys as :func:`simulator.api.simulate` does."""
-    from simulator.api.simulate import dotted_overrides
+    Keyword arguments and ``overrides`` set scenario keys as :func:`simulator.api.simulation` does."""
+    from simulator.api.simulation import dotted_overrides
 
     sets = [f"{key}={_yaml(value)}" for key, value in dotted_overrides(overrides, keywords).items()
             if value is not None]
