@@ -1,17 +1,21 @@
-"""Every command README.md shows is run, so README cannot drift from the code.
+"""Every command README.md and the documentation site (docs/**/*.md) show is run, so neither can
+drift from the code.
 
-The commands are read from README's ``sh`` blocks (one per line, ``&&`` chains split, trailing
-comments dropped) and from its shell transcripts (``$ command`` then the exact output). Each is
-checked by the rule of its program (:data:`RULES`), one of three ways:
+The commands are read from the pages' ``sh`` blocks (one per line, ``&&`` chains split, trailing
+comments dropped; a command shown on several pages is checked once) and from their shell
+transcripts (``$ command`` then the exact output). Each is checked by the rule of its program
+(:data:`RULES`), one of three ways:
 
 * **run** — executed, with overrides that keep it to seconds (fewer requests, a private ``--out``,
   one job, the catalog's tiny model for a CPU calibration); it must exit 0;
 * **parse** — its arguments go through the real argument parser only, because it needs a GPU, a
   Ray cluster, or minutes of CPU (the reason is part of the rule and shown in the test id);
-* **setup** — environment set-up (``venv``, ``pip install``, the test suite itself): what it names
-  must exist (the extras in pyproject.toml, the pinned torch version when torch is installed).
+* **setup** — environment set-up (``venv``, ``pip install``, the test suite, the docs build): what
+  it names must exist (the extras in pyproject.toml, the pinned torch version when torch is
+  installed, mkdocs.yml).
 
-A README command no rule matches fails the test: add a rule when adding a command.
+A command no rule matches fails the test: add a rule when adding a command. tests/test_docs.py
+checks the rest of the pages (the Python API page's code, module paths, the site's structure).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from simulator.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = (README, *sorted(DOCS.rglob("*.md")))  # README first: a command's test id names its first page
 SMALL_NUM_REQUESTS = 50  # every simulated workload is cut to this many requests
 # validate: one small source of the published table (the whole table takes ~15 s, --fit minutes):
 # vllm-ci simulates 6 of its 12 rows. --fit leaves each source out in turn, so it needs two; with
@@ -77,35 +83,48 @@ def split_commands(line: str) -> list[Command]:
     return commands
 
 
-def readme_blocks(language: str) -> list[str]:
-    """The text of README's fenced blocks opened with ```` ```language ```` ("" for untyped)."""
-    blocks, open_as, lines = [], None, []
-    for line in README.read_text(encoding="utf-8").splitlines():
-        if not line.startswith("```"):
-            lines.append(line)
-        elif open_as is None:  # an opening fence names the block's language
-            open_as, lines = line[3:].strip(), []
-        else:
-            if open_as == language:
-                blocks.append("\n".join(lines) + "\n")
-            open_as = None
-    assert open_as is None, "README ends inside a fenced block"
+def page_blocks(language: str, pages: tuple[Path, ...] = PAGES) -> list[tuple[Path, str]]:
+    """(page, text) of the pages' fenced blocks opened with ```` ```language ```` ("" for untyped)."""
+    blocks = []
+    for page in pages:
+        open_as, lines = None, []
+        for line in page.read_text(encoding="utf-8").splitlines():
+            if not line.startswith("```"):
+                lines.append(line)
+            elif open_as is None:  # an opening fence names the block's language
+                open_as, lines = line[3:].strip(), []
+            else:
+                if open_as == language:
+                    blocks.append((page, "\n".join(lines) + "\n"))
+                open_as = None
+        assert open_as is None, f"{page.relative_to(ROOT)} ends inside a fenced block"
     return blocks
 
 
-def readme_commands() -> list[Command]:
-    return [cmd for block in readme_blocks("sh") for line in block.splitlines() if line.strip()
-            for cmd in split_commands(line)]
+def readme_blocks(language: str) -> list[str]:
+    """The text of README's own fenced blocks of ``language``."""
+    return [text for _, text in page_blocks(language, (README,))]
 
 
-def readme_transcripts() -> list[tuple[str, str]]:
-    """(command, expected output) of README's untyped blocks that show a ``$ `` prompt."""
-    shown = []
-    for block in readme_blocks(""):
+def shown_commands() -> list[Command]:
+    """Every command of the pages' ``sh`` blocks, once each, in the order they first appear."""
+    found: dict[str, Command] = {}
+    for _, block in page_blocks("sh"):
+        for line in block.splitlines():
+            if line.strip():
+                for cmd in split_commands(line):
+                    found.setdefault(cmd.text, cmd)
+    return list(found.values())
+
+
+def shown_transcripts() -> list[tuple[str, str]]:
+    """(command, expected output) of the pages' untyped blocks that show a ``$ `` prompt."""
+    shown: dict[tuple[str, str], None] = {}
+    for _, block in page_blocks(""):
         lines = block.splitlines()
         if lines and lines[0].startswith("$ "):
-            shown.append((lines[0][2:], "\n".join(lines[1:])))
-    return shown
+            shown[(lines[0][2:], "\n".join(lines[1:]))] = None
+    return list(shown)
 
 
 # ----------------------------------------------------------------------------- the rules
@@ -304,6 +323,12 @@ def check_test_suite(cmd: Command, tmp: Path, capsys) -> None:
     assert all((ROOT / path).is_dir() for path in config["testpaths"])
 
 
+def check_docs_build(cmd: Command, tmp: Path, capsys) -> None:
+    """``mkdocs build``: the site's configuration is there (.ci/run builds the site, --strict)."""
+    assert cmd.args[:1] == ("build",) and "--strict" in cmd.args
+    assert (ROOT / "mkdocs.yml").is_file() and (DOCS / "hooks" / "reference.py").is_file()
+
+
 def rule_for(cmd: Command) -> Rule | None:
     """The rule that checks ``cmd`` (None: no rule, which fails the test)."""
     words = cmd.args
@@ -338,6 +363,8 @@ def rule_for(cmd: Command) -> Rule | None:
         return Rule("setup (the test suite itself)", check_test_suite)
     if cmd.program == "pip":
         return Rule("setup", check_pip_install)
+    if cmd.program == "mkdocs":
+        return Rule("setup (the docs build: .ci/run builds the site)", check_docs_build)
     if cmd.program in ("python", "python3") and words and words[0].startswith("benchmarks/"):
         script = Path(words[0]).name
         if script == "kernel.py" or (script == "gpu_check.py" and "--dry-run" not in words):
@@ -351,12 +378,23 @@ def rule_for(cmd: Command) -> Rule | None:
     return None
 
 
-COMMANDS = readme_commands()
+COMMANDS = shown_commands()
 
 
-def test_readme_shows_commands() -> None:
+def test_the_pages_show_commands() -> None:
     programs = {c.program for c in COMMANDS}
-    assert len(COMMANDS) >= 20 and {"simulate", "kvplan", "pip"} <= programs
+    assert len(COMMANDS) >= 40 and {"simulate", "kvplan", "pip"} <= programs
+    readme = {c.text for _, block in page_blocks("sh", (README,)) for line in block.splitlines()
+              if line.strip() for c in split_commands(line)}
+    assert {"simulate scenarios/chat.yaml", "kvplan capacity scenarios/chat.yaml --allocator paged"} <= readme
+
+
+def test_ci_installs_what_readme_says() -> None:
+    """.ci/run installs the project with README's test command's pip arguments."""
+    (line,) = [b for b in readme_blocks("sh") if "pytest" in b]
+    (pip,) = [c for c in split_commands(line.strip()) if c.program == "pip"]
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert f"pip install --quiet {shlex.join(pip.args[1:])}" in ci.replace('"', "'"), pip.args
 
 
 def _test_id(cmd: Command) -> str:
@@ -367,11 +405,11 @@ def _test_id(cmd: Command) -> str:
 @pytest.mark.parametrize("cmd", COMMANDS, ids=[_test_id(c) for c in COMMANDS])
 def test_readme_command(cmd: Command, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rule = rule_for(cmd)
-    assert rule is not None, f"README command with no rule in tests/test_readme.py: {cmd.text}"
+    assert rule is not None, f"a command the pages show has no rule in tests/test_readme.py: {cmd.text}"
     rule.check(cmd, tmp_path, capsys)
 
 
-@pytest.mark.parametrize(("command", "expected"), readme_transcripts())
+@pytest.mark.parametrize(("command", "expected"), shown_transcripts())
 def test_readme_transcript(command: str, expected: str, tmp_path: Path, monkeypatch,
                            capsys: pytest.CaptureFixture[str]) -> None:
     """``$ simulate bad.yaml``: a scenario with the typo the output names gives that exact line."""
@@ -388,11 +426,11 @@ def test_readme_transcript(command: str, expected: str, tmp_path: Path, monkeypa
     assert rc == 2 and capsys.readouterr().err == expected + "\n"
 
 
-def test_readme_scenario_example_is_a_valid_scenario(tmp_path: Path) -> None:
-    """The annotated scenario README shows loads as it is (its workload's trace is bundled)."""
+def test_the_annotated_scenario_is_a_valid_scenario(tmp_path: Path) -> None:
+    """The annotated scenario the reference shows loads as it is (its workload's trace is bundled)."""
     from simulator.config.scenario import load_scenario
 
-    (example,) = [b for b in readme_blocks("yaml") if b.startswith("name:")]
+    (example,) = [text for _, text in page_blocks("yaml") if text.startswith("name:")]
     path = tmp_path / "example.yaml"
     path.write_text(example)
     scenario, _ = load_scenario(path)
