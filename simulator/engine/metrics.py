@@ -1,6 +1,6 @@
 """From a simulation's raw records to tables (pandas) and the summary of one allocator.
 
-Definitions (README documents them for users):
+Definitions (docs/reference/outputs.md documents them for users):
 
 * Arrival: when the clients sent the request (``SimResult.requests[i].arrival_s``): the
   workload's arrival time, or later when it waited for a client slot (closed loop,
@@ -139,7 +139,7 @@ def throughput_window_s(result: SimResult) -> float:
 
 
 def summarize(result: SimResult, requests: Any, steps: Any, capacity_tokens: int) -> dict[str, Any]:
-    """The summary.json entry of one allocator (field meanings in README). ``requests`` is
+    """The summary.json entry of one allocator (field meanings in docs/reference/outputs.md). ``requests`` is
     :func:`request_columns` or :func:`requests_frame`. The step figures come from the result's
     exact totals (``SimResult.totals()``), whatever ``steps`` holds (rows or bins; kept as an
     argument for callers that pass it)."""
