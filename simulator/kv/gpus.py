@@ -5,18 +5,25 @@ Conventions (so every entry is comparable):
 * ``hbm_bytes`` is the datasheet capacity read as GiB (80 GB -> 80 × 2**30), as vLLM's planning
   and the seed chapter do; the driver reports slightly less (an H100-80GB shows ~79.2 GiB).
 * Throughputs are *dense* (no 2:4 sparsity) tensor-core FLOP/s; ``dense_fp8_flops`` is 0 where
-  the GPU has no fp8 tensor cores, ``dense_int8_ops`` (int8 ops/s) 0 where it has no int8 ones.
+  the GPU has no fp8 tensor cores, ``dense_int8_ops`` (int8 ops/s) 0 where it has no int8 ones,
+  ``dense_fp4_flops`` 0 where it has no FP4 ones. ``fp4_formats`` names the block-scaled FP4
+  formats those tensor cores take: ``nvfp4`` (16-element blocks, FP8 E4M3 scales) and ``mxfp4``
+  (OCP MX: 32-element blocks, E8M0 scales) on Blackwell, ``mxfp4`` only on CDNA 4 (MI355X).
+  Vendors quote FP4 without sparsity for some parts and with it for others: each entry says which.
 * Link bandwidths are *per direction*: datasheets quote NVLink / Infinity Fabric / PCIe as the
   bidirectional sum (NVLink 4: 900 GB/s = 450 each way; PCIe 4.0 x16: 64 GB/s = 32 each way),
   and a ring all-reduce or a one-way swap copy moves data one way per link. GPUs without a GPU
   fabric use PCIe for ``interconnect_bandwidth_bytes_s``.
-* ``gpus_per_node`` GPUs share one fabric (an NVLink domain); traffic to GPUs beyond it (an
-  expert-parallel all-to-all over more ranks) takes the scale-out network at
-  ``scaleout_bandwidth_bytes_s`` per GPU per direction. Default: 8 GPUs and one 400 Gb/s NIC
-  per GPU (50 GB/s), as in NVIDIA's DGX H100/H200 (8 × ConnectX-7 400 Gb/s for the compute
-  fabric, DGX H100/H200 user guide, "Hardware overview"); DGX A100 has 8 × ConnectX-6 200 Gb/s.
+* ``gpus_per_node`` GPUs share one fabric (an NVLink domain): 8 on an HGX/DGX board or an
+  8-GPU Instinct platform, 72 in a GB200/GB300 NVL72 rack, whose 72 GPUs share one NVLink
+  switch domain across 18 trays. Traffic to GPUs beyond it (an expert-parallel all-to-all over
+  more ranks) takes the scale-out network at ``scaleout_bandwidth_bytes_s`` per GPU per
+  direction. Default: 8 GPUs and one 400 Gb/s NIC per GPU (50 GB/s), as in NVIDIA's DGX
+  H100/H200 (8 × ConnectX-7 400 Gb/s for the compute fabric, DGX H100/H200 user guide,
+  "Hardware overview"); DGX A100 has 8 × ConnectX-6 200 Gb/s.
 * ``price_usd_per_hour`` is a typical on-demand cloud price per GPU, for cost comparisons only;
-  prices change often, check the source.
+  prices change often, check the source. 0 where no price is cited (``kvplan capacity --price``
+  supplies one; without it the cost columns stay empty).
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from simulator.errors import KvplanError
 _GIB = 2**30
 _PCIE4_BYTES_S = 32e9  # PCIe 4.0 x16, per direction
 _PCIE5_BYTES_S = 64e9  # PCIe 5.0 x16, per direction
+_NVLINK5_BYTES_S = 900e9  # NVLink 5: 1.8 TB/s per GPU bidirectional (Blackwell datasheets)
+_BLACKWELL_FP4 = ("nvfp4", "mxfp4")  # 5th-gen tensor cores: NVFP4 and MXFP4 block scaling
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +55,11 @@ class GPUSpec:
     price_usd_per_hour: float
     # Dense int8 tensor-core ops/s (TOPS × 1e12), what W8A8 int8 GEMMs run at; 0 = none.
     dense_int8_ops: float = 0.0
-    gpus_per_node: int = 8  # GPUs on one fabric (module docstring)
+    gpus_per_node: int = 8  # GPUs on one fabric: the NVLink domain (module docstring)
     scaleout_bandwidth_bytes_s: float = 50e9  # per GPU per direction beyond the node
+    # Dense FP4 tensor-core FLOP/s, what W4A4 GEMMs in one of ``fp4_formats`` run at; 0 = none.
+    dense_fp4_flops: float = 0.0
+    fp4_formats: tuple[str, ...] = ()  # "nvfp4", "mxfp4": the FP4 block formats they take
 
     @property
     def hbm_gib(self) -> float:
@@ -100,6 +112,71 @@ _CATALOG: tuple[GPUSpec, ...] = (
     # Same page: INT8 2,614.9 TOPS dense (5,229.8 with sparsity).
     GPUSpec("MI300X", 192 * _GIB, 5.3e12, 1307.4e12, 2614.9e12, 448e9, _PCIE5_BYTES_S, 2.49,
             dense_int8_ops=2614.9e12),
+    # NVIDIA Blackwell datasheet, HGX B200 (8 GPUs; every tensor-core figure "with sparsity"):
+    # FP4 144 PFLOPS, FP8/FP6 72, INT8 72 POPS, FP16/BF16 36 -> per GPU and dense (halved) FP4
+    # 9,000, FP8 4,500, INT8 4,500, BF16 2,250 TFLOPS; 1.4 TB HBM3e, which the DGX B200 datasheet
+    # gives as 1,440 GB = 180 GB per GPU (the package carries 192 GB; 180 is the capacity the
+    # platform datasheets give), 64 TB/s = 8 TB/s per GPU; NVLink 5 1.8 TB/s per
+    # GPU (14.4 TB/s per board). Host link PCIe 5.0 x16 (the DGX B200's Xeon hosts are PCIe
+    # Gen5); scale-out 8 × ConnectX-7 400 Gb/s (DGX B200 datasheet). Cross-check (AIConfigurator
+    # systems/b200_sxm.yaml, Apache-2.0): the same peaks and 180 GiB, but 7.7 TB/s and PCIe 6.0.
+    # Price: Lambda on-demand 8x B200 SXM6, $4.99/GPU-h (lambda.ai/pricing, 2025).
+    GPUSpec("B200-180GB", 180 * _GIB, 8.0e12, 2250e12, 4500e12, _NVLINK5_BYTES_S, _PCIE5_BYTES_S,
+            4.99, dense_int8_ops=4500e12, dense_fp4_flops=9000e12, fp4_formats=_BLACKWELL_FP4),
+    # NVIDIA Blackwell Ultra datasheet, HGX B300 (8 GPUs): FP4 144 PFLOPS with sparsity, 105
+    # PFLOPS without (Blackwell Ultra's FP4 is quoted both ways) -> 13,125 TFLOPS dense per GPU;
+    # FP8/FP6 72 PFLOPS, FP16/BF16 36 PFLOPS, INT8 2 POPS, all with sparsity -> 4,500, 2,250 and
+    # 125 TOPS dense per GPU (Blackwell Ultra cut INT8); 288 GB HBM3e per GPU (2.3 TB per
+    # board), 8 TB/s; NVLink 5 1.8 TB/s; scale-out 8 × ConnectX-8 800 Gb/s = 100 GB/s per GPU
+    # (1.6 TB/s networking per board); host link PCIe 5.0 x16 (x86 hosts; the GPU is PCIe Gen6).
+    # Cross-check (AIConfigurator systems/b300_sxm.yaml): BF16 2,250 and FP8 4,500 TFLOPS, but
+    # FP4 14 PFLOPS, INT8 153.5 TOPS and 7.75 TB/s dense; its memory, 275,040 MiB as nvidia-smi
+    # reports it (268.6 GiB), is 7% under the 288 GiB this catalog's convention reads.
+    # Price: $10.31/GPU-h, North-America blended spot/on-demand/reserved average (signwl.com GPU
+    # market pulse, week of 2026-04-06): no on-demand list price is cited.
+    GPUSpec("B300-288GB", 288 * _GIB, 8.0e12, 2250e12, 4500e12, _NVLINK5_BYTES_S, _PCIE5_BYTES_S,
+            10.31, dense_int8_ops=125e12, scaleout_bandwidth_bytes_s=100e9,
+            dense_fp4_flops=13125e12, fp4_formats=_BLACKWELL_FP4),
+    # NVIDIA Blackwell datasheet, GB200 NVL72 (36 Grace : 72 Blackwell GPUs in one NVLink
+    # domain; tensor-core figures with sparsity): FP4 1,440 PFLOPS, FP8/FP6 720, INT8 720 POPS,
+    # FP16/BF16 360 -> per GPU dense FP4 10,000, FP8 5,000, INT8 5,000, BF16 2,500 TFLOPS (above
+    # HGX B200's: the superchip's GPU has a higher power limit); up to 13.4 TB HBM3e at
+    # 576 TB/s -> 186 GB and 8 TB/s per GPU; NVLink 5 130 TB/s = 1.8 TB/s per GPU across all
+    # 72. Host link: the superchip's NVLink-C2C, 900 GB/s bidirectional between Grace and its
+    # two GPUs -> 225 GB/s per GPU per direction (derived). Scale-out: the default one
+    # 400 Gb/s NIC per GPU. Cross-check (AIConfigurator systems/gb200.yaml): the same peaks,
+    # 8 TB/s, 189,471 MiB as nvidia-smi reports it (185.0 GiB), 72 GPUs per rack on NVLink.
+    # Price: $12.47/GPU-h, North-America blended average (signwl.com, week of 2026-04-06).
+    GPUSpec("GB200", 186 * _GIB, 8.0e12, 2500e12, 5000e12, _NVLINK5_BYTES_S, 225e9, 12.47,
+            dense_int8_ops=5000e12, gpus_per_node=72, dense_fp4_flops=10000e12,
+            fp4_formats=_BLACKWELL_FP4),
+    # NVIDIA Blackwell Ultra datasheet, GB300 NVL72 (72 Blackwell Ultra GPUs in one NVLink
+    # domain): FP4 1,440 PFLOPS with sparsity | 1,080 without -> 15,000 TFLOPS dense per GPU;
+    # FP8/FP6 720 PFLOPS, FP16/BF16 360, INT8 24 POPS, with sparsity -> 5,000, 2,500 and 166.7
+    # TOPS dense per GPU; 288 GB HBM3e per GPU (up to 20 TB per rack) at 576 TB/s = 8 TB/s;
+    # NVLink 5 130 TB/s (1.8 TB/s per GPU); 72 ConnectX-8 800 Gb/s = 100 GB/s per GPU. Host
+    # link: NVLink-C2C as GB200 (225 GB/s per GPU per direction, derived). Cross-check
+    # (AIConfigurator systems/gb300.yaml): FP4 15, FP8 5, BF16 2.5 PFLOPS, INT8 165 TOPS,
+    # 8 TB/s; 284,208 MiB as nvidia-smi reports it (277.5 GiB).
+    # Price: $12.32/GPU-h, North-America blended average (signwl.com, week of 2026-04-06).
+    GPUSpec("GB300", 288 * _GIB, 8.0e12, 2500e12, 5000e12, _NVLINK5_BYTES_S, 225e9, 12.32,
+            dense_int8_ops=166.7e12, gpus_per_node=72, scaleout_bandwidth_bytes_s=100e9,
+            dense_fp4_flops=15000e12, fp4_formats=_BLACKWELL_FP4),
+    # AMD Instinct MI325X data sheet: 256 GB HBM3E 6 TB/s, FP16/BF16 1,307.4 and FP8 2,614.9
+    # TFLOPS dense (2,614.9 / 5,229.8 with sparsity), INT8 2,614.9 TOPS dense; CDNA 3, no FP4;
+    # Infinity Fabric 896 GB/s peak aggregate (448 each way), PCIe 5.0 x16. ROCm's GPU
+    # specifications table lists 256 GiB VRAM.
+    # Price: TensorWave on-demand MI325X, $1.95/GPU-h (as quoted by cliffcenter.com, "AMD
+    # inference economics", 2026-05-18).
+    GPUSpec("MI325X", 256 * _GIB, 6.0e12, 1307.4e12, 2614.9e12, 448e9, _PCIE5_BYTES_S, 1.95,
+            dense_int8_ops=2614.9e12),
+    # AMD Instinct MI355X data sheet: 288 GB HBM3E 8 TB/s; FP16/BF16 2,516.6, FP8 5,033.2 and
+    # MXFP6/MXFP4 10,066.3 TFLOPS dense (FP16/FP8 double with sparsity; MXFP4 is quoted without
+    # it), INT8 5,033.2 TOPS dense; Infinity Fabric 7 links × 153.6 GB/s = 1,075.2 GB/s
+    # aggregate (537.6 each way); PCIe 5.0 x16. CDNA 4 takes OCP MX FP4 (E8M0 scales), not NVFP4.
+    # ROCm's GPU specifications table lists 288 GiB VRAM. Price: none cited (0).
+    GPUSpec("MI355X", 288 * _GIB, 8.0e12, 2516.6e12, 5033.2e12, 537.6e9, _PCIE5_BYTES_S, 0.0,
+            dense_int8_ops=5033.2e12, dense_fp4_flops=10066.3e12, fp4_formats=("mxfp4",)),
 )
 
 # Short names people type; keys are normalized by _normalize.
@@ -112,6 +189,12 @@ _ALIASES: dict[str, str] = {
     "nvidial4": "L4", "a10": "A10G",
     "4090": "RTX-4090", "geforcertx4090": "RTX-4090",
     "mi300": "MI300X", "instinctmi300x": "MI300X",
+    "b200": "B200-180GB", "b200sxm": "B200-180GB", "b200sxm6": "B200-180GB",
+    "hgxb200": "B200-180GB", "dgxb200": "B200-180GB",
+    "b300": "B300-288GB", "b300sxm": "B300-288GB", "hgxb300": "B300-288GB",
+    "dgxb300": "B300-288GB", "blackwellultra": "B300-288GB",
+    "gb200nvl72": "GB200", "gb200nvl": "GB200", "gb300nvl72": "GB300", "gb300nvl": "GB300",
+    "mi325": "MI325X", "instinctmi325x": "MI325X", "mi355": "MI355X", "instinctmi355x": "MI355X",
 }
 
 

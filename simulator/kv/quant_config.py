@@ -2,8 +2,9 @@
 
 :func:`parse_quantization_config` reads the spellings the Hub's checkpoints use and returns a
 :class:`CheckpointQuant`: the kvplan method (``fp8``, ``int8``, ``awq``, ``gptq``, ``mxfp4``),
-the weight bits, the scale layout and whether activations are quantized too. What each format
-costs in bytes and on which tensor cores it runs is decided in :mod:`simulator.kv.quantization`.
+``nvfp4``), the weight bits, the scale layout and whether activations are quantized too. What
+each format costs in bytes and on which tensor cores it runs is decided in
+:mod:`simulator.kv.quantization`.
 
 Spellings handled (each as the named checkpoints write it):
 
@@ -22,7 +23,23 @@ Spellings handled (each as the named checkpoints write it):
   column), ``sym``, ``desc_act``.
 * ``"quant_method": "mxfp4"`` — gpt-oss: MXFP4 experts, and ``modules_to_not_convert`` lists
   ``model.layers.*.self_attn``, the routers, the embedding and the lm_head, which stay bf16
-  (huggingface.co/openai/gpt-oss-120b/blob/main/config.json).
+  (huggingface.co/openai/gpt-oss-120b/blob/main/config.json). Its activations stay bf16: vLLM's
+  ``Mxfp4Config`` runs only the MoE experts in MXFP4, with bf16 activations
+  (``get_supported_act_dtypes``) — weight-only.
+* ``"quant_method": "modelopt"`` with ``"quant_algo": "NVFP4"`` (or ``"W4A16_NVFP4"``) —
+  NVIDIA ModelOpt's NVFP4 checkpoints: FP4 (E2M1) weights in blocks of ``group_size`` (16)
+  with one FP8 E4M3 scale each, plus one FP32 scale per tensor (``weight_scale_2``, and
+  ``input_scale`` for the activations of W4A4); ``ignore`` / ``exclude_modules`` lists what
+  stays in the model dtype (vllm/model_executor/layers/quantization/modelopt.py
+  ``ModelOptNvFp4Config`` and ``QUANT_ALGOS``: "NVFP4 W4A4", "W4A16_NVFP4"). The legacy
+  ``hf_quant_config.json`` nesting (``{"quantization": {"quant_algo": ...}}``) is read too.
+* ``"quant_method": "compressed-tensors"`` with 4-bit ``float`` weights — llm-compressor's NVFP4
+  (``group_size`` 16, ``strategy`` ``tensor_group``; ``input_activations`` the same for W4A4,
+  null for NVFP4A16) and MXFP4 (``group_size`` 32) schemes.
+* ``"quant_method": "quark"`` with ``"dtype": "fp4"`` weights — AMD Quark's OCP MXFP4
+  checkpoints (``global_quant_config.weight``: ``qscheme`` ``per_group``, ``group_size`` 32;
+  ``input_tensors`` fp4 for W4A4), which vLLM runs natively on MI350/MI355X
+  (vllm/model_executor/layers/quantization/quark/schemes/quark_ocp_mx.py).
 """
 
 from __future__ import annotations
@@ -34,7 +51,7 @@ from simulator.errors import KvplanError
 
 # The methods kvplan models, by the name kvplan (and vLLM's --quantization, where it has one)
 # gives them. "int8" is W8A8 integer (vLLM reaches it through compressed-tensors checkpoints).
-CHECKPOINT_METHODS: tuple[str, ...] = ("fp8", "int8", "awq", "gptq", "mxfp4")
+CHECKPOINT_METHODS: tuple[str, ...] = ("fp8", "int8", "awq", "gptq", "mxfp4", "nvfp4")
 
 # Scales of AWQ / GPTQ / compressed-tensors int groups are stored in 16 bits (fp16/bf16), one
 # per group per output column (vLLM awq.py / gptq.py create_weights: ``scales`` of shape
@@ -44,6 +61,12 @@ _GROUP_SCALE_BITS = 16
 # scale.
 _MX_BLOCK = 32
 _MX_SCALE_BITS = 8
+# NVFP4: 16 FP4 (E2M1) elements share one FP8 E4M3 scale, and each tensor has one FP32 scale
+# on top (``weight_scale`` of shape [out, in / 16] in float8_e4m3fn, ``weight_scale_2`` a
+# scalar: vllm modelopt.py ``ModelOptNvFp4LinearMethod.create_weights``). 4 + 8 / 16 = 4.5 bits;
+# the per-tensor scales are < 0.01 bit and not counted.
+_NV_BLOCK = 16
+_NV_SCALE_BITS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +106,7 @@ class CheckpointQuant:
 
     def describe(self) -> str:
         """``"awq int4, group 128, weight-only"``: one phrase for notes and reports."""
-        kind = {"fp8": "fp8", "int8": "int8", "mxfp4": "mxfp4"}.get(
+        kind = {"fp8": "fp8", "int8": "int8", "mxfp4": "mxfp4", "nvfp4": "nvfp4"}.get(
             self.method, f"int{self.bits}")
         parts = [kind if kind == self.quant_method else f"{self.quant_method} {kind}"]
         if self.group_size:
@@ -97,7 +120,8 @@ class CheckpointQuant:
 def parse_quantization_config(quant: Any) -> CheckpointQuant | None:
     """The :class:`CheckpointQuant` a ``quantization_config`` describes (None when absent).
 
-    A method kvplan does not model (bitsandbytes, GGUF, NVFP4...) -> KvplanError saying so:
+    A method kvplan does not model (bitsandbytes, GGUF, ModelOpt MIXED_PRECISION...) ->
+    KvplanError saying so:
     guessing its bytes would mislead the capacity, and ``quantization: none`` sizes the weights
     in the model's dtype instead (an upper bound).
     """
@@ -108,8 +132,10 @@ def parse_quantization_config(quant: Any) -> CheckpointQuant | None:
     method = str(quant.get("quant_method", "")).strip().lower()
     if method in ("fp8", "fbgemm_fp8"):
         return CheckpointQuant("fp8", method, 8)
-    if method == "modelopt" and str(quant.get("quant_algo", "")).upper() == "FP8":
-        return CheckpointQuant("fp8", method, 8)
+    if method == "modelopt":
+        modelopt = _modelopt(quant)
+        if modelopt is not None:
+            return modelopt
     if method == "compressed-tensors":
         return _compressed_tensors(quant)
     if method in ("awq", "awq_marlin"):
@@ -117,14 +143,71 @@ def parse_quantization_config(quant: Any) -> CheckpointQuant | None:
     if method in ("gptq", "gptq_marlin"):
         return _gptq(quant, method)
     if method == "mxfp4":
-        skipped = [str(name) for name in quant.get("modules_to_not_convert") or ()]
         return CheckpointQuant("mxfp4", method, 4, _MX_BLOCK, _MX_SCALE_BITS, weight_only=True,
-                               experts_only=any("self_attn" in name for name in skipped))
-    algo = f" (quant_algo {quant['quant_algo']})" if "quant_algo" in quant else ""
+                               experts_only=_skips_attention(quant.get("modules_to_not_convert")))
+    if method == "quark":
+        return _quark(quant)
+    algo = f" (quant_algo {_modelopt_algo(quant)})" if _modelopt_algo(quant) else ""
     raise KvplanError(
         f"quantization_config quant_method '{method or '?'}'{algo} is not modelled"
-        f" (known: fp8, fbgemm_fp8, modelopt FP8, compressed-tensors, awq, gptq, mxfp4);"
-        " set quantization: none to size the weights in torch_dtype, an upper bound")
+        f" (known: fp8, fbgemm_fp8, modelopt FP8 / NVFP4 / W4A16_NVFP4, compressed-tensors,"
+        " awq, gptq, mxfp4, quark MXFP4); set quantization: none to size the weights in"
+        " torch_dtype, an upper bound")
+
+
+def _skips_attention(names: Any) -> bool:
+    """Whether a checkpoint's list of unquantized modules keeps the attention in the model
+    dtype (gpt-oss: ``model.layers.*.self_attn``): kvplan then quantizes the routed experts only."""
+    return any("self_attn" in str(name) for name in names or ())
+
+
+def _modelopt_algo(quant: dict[str, Any]) -> str:
+    """ModelOpt's ``quant_algo``, upper-cased, from config.json's flat spelling or the legacy
+    ``hf_quant_config.json`` nesting under ``quantization`` (vllm modelopt.py
+    ``_extract_modelopt_quant_algo``)."""
+    nested = quant.get("quantization")
+    source = nested if isinstance(nested, dict) else quant
+    return str(source.get("quant_algo") or "").strip().upper()
+
+
+def _modelopt(quant: dict[str, Any]) -> CheckpointQuant | None:
+    """A ModelOpt checkpoint kvplan models: FP8, NVFP4 (W4A4) or W4A16_NVFP4; None otherwise."""
+    algo = _modelopt_algo(quant)
+    if algo == "FP8":
+        return CheckpointQuant("fp8", "modelopt", 8)
+    if algo not in ("NVFP4", "W4A16_NVFP4"):
+        return None
+    nested = quant.get("quantization")
+    source = nested if isinstance(nested, dict) else quant
+    group = _field(source, ("group_size",), _NV_BLOCK)
+    if group != _NV_BLOCK:
+        raise KvplanError(f"quantization_config: modelopt {algo} with group_size {group} is not"
+                          f" modelled (NVFP4 blocks are {_NV_BLOCK} elements)")
+    skipped = source.get("exclude_modules", source.get("ignore"))
+    return CheckpointQuant("nvfp4", "modelopt", 4, _NV_BLOCK, _NV_SCALE_BITS,
+                           weight_only=algo == "W4A16_NVFP4",
+                           experts_only=_skips_attention(skipped))
+
+
+def _quark(quant: dict[str, Any]) -> CheckpointQuant:
+    """AMD Quark's OCP MXFP4 checkpoints (weights fp4 in groups of 32, E8M0 scales); other Quark
+    schemes are not modelled."""
+    glob = quant.get("global_quant_config")
+    weight = glob.get("weight") if isinstance(glob, dict) else None
+    dtype = str(weight.get("dtype", "")).lower() if isinstance(weight, dict) else ""
+    if dtype != "fp4":
+        raise KvplanError(f"quantization_config: quark with {dtype or 'no'} weights is not"
+                          " modelled (quark fp4, OCP MXFP4, is); set quantization: none to size"
+                          " the weights in torch_dtype, an upper bound")
+    assert isinstance(weight, dict) and isinstance(glob, dict)
+    group = _field(weight, ("group_size",), _MX_BLOCK)
+    if group != _MX_BLOCK:
+        raise KvplanError(f"quantization_config: quark fp4 with group_size {group} is not"
+                          f" modelled (OCP MXFP4 blocks are {_MX_BLOCK} elements)")
+    inputs = glob.get("input_tensors")
+    w4a4 = isinstance(inputs, dict) and str(inputs.get("dtype", "")).lower() == "fp4"
+    return CheckpointQuant("mxfp4", "quark", 4, _MX_BLOCK, _MX_SCALE_BITS, weight_only=not w4a4,
+                           experts_only=_skips_attention(quant.get("exclude")))
 
 
 def _awq(quant: dict[str, Any], method: str) -> CheckpointQuant:
@@ -163,9 +246,21 @@ def _compressed_tensors(quant: dict[str, Any]) -> CheckpointQuant:
     weight_only = not scheme.get("input_activations")
     if kind == "float" and bits == 8:
         return CheckpointQuant("fp8", "compressed-tensors", 8, weight_only=weight_only)
+    if kind == "float" and bits == 4:
+        # NVFP4 (blocks of 16, FP8 E4M3 scales) or MXFP4 (blocks of 32, E8M0 scales): the
+        # block size tells them apart; both are 1-byte scales.
+        group = _field(weights, ("group_size",), 0)
+        method = {_NV_BLOCK: "nvfp4", _MX_BLOCK: "mxfp4"}.get(group)
+        if method is None:
+            raise KvplanError(f"quantization_config: compressed-tensors float 4-bit weights with"
+                              f" group_size {group or 'none'} are not modelled (16: NVFP4,"
+                              " 32: MXFP4)")
+        return CheckpointQuant(method, "compressed-tensors", 4, group, 8,
+                               weight_only=weight_only,
+                               experts_only=_skips_attention(quant.get("ignore")))
     if kind != "int" or bits not in (4, 8):
         raise KvplanError(f"quantization_config: compressed-tensors {kind} {bits}-bit weights"
-                          " are not modelled (float 8, int 8, int 4)")
+                          " are not modelled (float 8, float 4, int 8, int 4)")
     zero = weights.get("symmetric", True) is False
     strategy = str(weights.get("strategy", "channel")).lower()
     group = _field(weights, ("group_size",), 0) if strategy == "group" else 0

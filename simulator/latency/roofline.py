@@ -41,7 +41,9 @@ Choices the formula makes, and why:
 * The GEMMs run on the tensor cores of the weight format's compute dtype
   (:mod:`simulator.kv.quantization`): FP8/INT8 W8A8 on the 8-bit peak with their own, lower,
   achieved share (``fp8_flops_efficiency``; published FP8 serving reaches ~0.45–0.5 of the FP8
-  peak where bf16 reaches ~0.65 of its own); weight-only formats and attention on the 16-bit
+  peak where bf16 reaches ~0.65 of its own); NVFP4/MXFP4 W4A4 on the FP4 peak
+  (``GPUSpec.dense_fp4_flops``) at the same ``fp8_flops_efficiency`` — the fit has no FP4
+  measurement, so no FP4 constant of its own; weight-only formats and attention on the 16-bit
   peak; fp32 runs TF32 at half the bf16 rate.
 * Routed-expert GEMMs run at their own achieved share (``moe_flops_efficiency``): grouped GEMMs
   over a few rows per expert reach much less than a dense GEMM of the same FLOPs.
@@ -153,7 +155,9 @@ class Rates(NamedTuple):
     attention_flops_s: float  # 16-bit peak (attention runs in the activation dtype)
     interconnect_bytes_s: float
     pcie_bytes_s: float
-    gemm_8bit: bool  # the GEMMs run on 8-bit tensor cores: fp8_flops_efficiency applies
+    # the GEMMs run on 8- or 4-bit tensor cores (fp8, int8, fp4): fp8_flops_efficiency applies
+    # (fp4 reuses it: roofline_fit.json has no fp4 constant)
+    gemm_8bit: bool
 
 
 class StepCost(NamedTuple):
@@ -255,7 +259,7 @@ class RooflineLatency:
         self.weight_format = quantization if isinstance(quantization, WeightFormat) else (
             resolve_quantization(model, quantization, gpu))
         self.weight_dtype = self.weight_format.weight_dtype
-        self.gemm_dtype = self.weight_format.gemm_dtype  # bf16 | fp16 | fp32 | fp8 | int8
+        self.gemm_dtype = self.weight_format.gemm_dtype  # bf16 | fp16 | fp32 | fp8 | int8 | fp4
         self._act_bytes = 4 if dtype_bits(model.torch_dtype) == 32 else 2
         self.peak_flops = _peak_flops(gpu, self.gemm_dtype)
         self.rates = Rates(
@@ -263,7 +267,7 @@ class RooflineLatency:
             attention_flops_s=_peak_flops(gpu, "fp32" if self._act_bytes == 4 else "bf16"),
             interconnect_bytes_s=gpu.interconnect_bandwidth_bytes_s,
             pcie_bytes_s=host_bandwidth_bytes_s or gpu.pcie_bandwidth_bytes_s,
-            gemm_8bit=self.gemm_dtype in ("fp8", "int8"))
+            gemm_8bit=self.gemm_dtype in ("fp8", "int8", "fp4"))
 
         self._dense_weight_bytes = self.weight_format.dense_weight_bytes / tp
         self._expert_bytes = self.weight_format.expert_bytes / tp
@@ -592,6 +596,8 @@ def _peak_flops(gpu: GPUSpec, gemm_dtype: str) -> float:
     """Dense FLOP/s (or int8 ops/s) of the tensor cores the GEMMs run on (module docstring)."""
     if gemm_dtype == "fp8":
         return gpu.dense_fp8_flops
+    if gemm_dtype == "fp4":
+        return gpu.dense_fp4_flops
     if gemm_dtype == "int8":
         return gpu.dense_int8_ops
     if gemm_dtype == "fp32":

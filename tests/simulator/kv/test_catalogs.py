@@ -229,6 +229,10 @@ def test_missing_config_file(tmp_path: Path) -> None:
     ("h100", "H100-80GB"), ("H100_80GB", "H100-80GB"), ("h200", "H200-141GB"),
     ("a100", "A100-80GB"), ("a100-40gb", "A100-40GB"), ("L4", "L4"), ("a10g", "A10G"),
     ("rtx4090", "RTX-4090"), ("4090", "RTX-4090"), ("mi300x", "MI300X"),
+    ("b200", "B200-180GB"), ("B200-SXM", "B200-180GB"), ("dgx_b200", "B200-180GB"),
+    ("b300", "B300-288GB"), ("hgx-b300", "B300-288GB"), ("gb200", "GB200"),
+    ("GB200 NVL72", "GB200"), ("gb300", "GB300"), ("gb300-nvl72", "GB300"),
+    ("mi325x", "MI325X"), ("Instinct MI355X", "MI355X"), ("mi355", "MI355X"),
 ])
 def test_gpu_aliases(alias: str, name: str) -> None:
     assert get_gpu(alias).name == name
@@ -240,13 +244,49 @@ def test_unknown_gpu_suggests() -> None:
 
 
 def test_gpu_catalog_is_sane() -> None:
-    assert len(list_gpus()) == 8
+    assert len(list_gpus()) == 14
     for name in list_gpus():
         gpu: GPUSpec = get_gpu(name)
         assert gpu.hbm_bytes > 0 and gpu.hbm_bandwidth_bytes_s > 0 and gpu.dense_bf16_flops > 0
         assert gpu.dense_fp8_flops == 0 or gpu.dense_fp8_flops > gpu.dense_bf16_flops
-        assert gpu.pcie_bandwidth_bytes_s > 0 and gpu.price_usd_per_hour > 0
+        # FP4 tensor cores come with FP8 ones and a named block format, and run faster
+        assert (gpu.dense_fp4_flops > 0) == bool(gpu.fp4_formats)
+        assert gpu.dense_fp4_flops == 0 or gpu.dense_fp4_flops > gpu.dense_fp8_flops > 0
+        assert set(gpu.fp4_formats) <= {"nvfp4", "mxfp4"}
+        # 0 = no price cited (kvplan capacity leaves the cost empty unless --price gives one)
+        assert gpu.pcie_bandwidth_bytes_s > 0 and gpu.price_usd_per_hour >= 0
         assert gpu.interconnect_bandwidth_bytes_s >= gpu.pcie_bandwidth_bytes_s
+        assert gpu.gpus_per_node in (8, 72)
     h100 = get_gpu("h100")
     assert h100.hbm_bytes == 80 * GIB and h100.hbm_bandwidth_bytes_s == 3.35e12
     assert get_gpu("a100").dense_fp8_flops == 0  # Ampere has no fp8 tensor cores
+
+
+def test_blackwell_and_instinct_entries() -> None:
+    """The datasheet figures the new entries carry (sources in simulator/kv/gpus.py)."""
+    b200, b300 = get_gpu("b200"), get_gpu("b300")
+    gb200, gb300 = get_gpu("gb200"), get_gpu("gb300")
+    mi325, mi355 = get_gpu("mi325x"), get_gpu("mi355x")
+    # HGX B200's platform capacity (1,440 GB over 8 GPUs), not the package's 192 GB
+    assert b200.hbm_bytes == 180 * GIB and gb200.hbm_bytes == 186 * GIB
+    assert b300.hbm_bytes == gb300.hbm_bytes == mi355.hbm_bytes == 288 * GIB
+    assert mi325.hbm_bytes == 256 * GIB
+    # dense = half the "with sparsity" figure for BF16 and FP8 on every Blackwell part
+    assert (b200.dense_bf16_flops, b200.dense_fp8_flops, b200.dense_fp4_flops) == (
+        2250e12, 4500e12, 9000e12)
+    assert (gb200.dense_bf16_flops, gb200.dense_fp8_flops, gb200.dense_fp4_flops) == (
+        2500e12, 5000e12, 10000e12)
+    assert (gb300.dense_fp4_flops, b300.dense_fp4_flops) == (15000e12, 13125e12)
+    # Blackwell Ultra cut INT8 to a fraction of FP8
+    assert b300.dense_int8_ops < b300.dense_fp8_flops / 10 and gb300.dense_int8_ops < 2e14
+    for gpu in (b200, b300, gb200, gb300):
+        assert gpu.fp4_formats == ("nvfp4", "mxfp4")
+        assert gpu.interconnect_bandwidth_bytes_s == 900e9  # NVLink 5, 1.8 TB/s both ways
+    assert mi355.fp4_formats == ("mxfp4",) and mi325.dense_fp4_flops == 0
+    assert mi355.dense_fp4_flops == pytest.approx(2 * mi355.dense_fp8_flops, rel=1e-5)
+    # NVL72: 72 GPUs in one NVLink domain; HGX and Instinct platforms: 8
+    assert (gb200.gpus_per_node, gb300.gpus_per_node) == (72, 72)
+    assert b200.gpus_per_node == b300.gpus_per_node == mi355.gpus_per_node == 8
+    # the Grace-Blackwell host link (NVLink-C2C) is faster than PCIe 5.0
+    assert gb200.pcie_bandwidth_bytes_s > b200.pcie_bandwidth_bytes_s == 64e9
+    assert mi355.price_usd_per_hour == 0  # no price cited

@@ -44,6 +44,32 @@ W4A16 = {
 AWQ = {"bits": 4, "group_size": 128, "quant_method": "awq", "version": "gemm", "zero_point": True}
 GPT_OSS = {"quant_method": "mxfp4", "modules_to_not_convert": [
     "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+# ModelOpt NVFP4 as config.json spells it (nvidia/*-FP4 checkpoints: quant_algo, group_size 16,
+# what stays unquantized under "ignore"), and the legacy hf_quant_config.json nesting.
+MODELOPT_NVFP4 = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+                  "ignore": ["lm_head"], "kv_cache_scheme": None}
+MODELOPT_NVFP4_NESTED = {"quant_method": "modelopt", "quantization": {
+    "quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
+    "exclude_modules": ["lm_head", "model.layers.*.self_attn*"]}}
+# llm-compressor's NVFP4 scheme ("nvfp4-pack-quantized"): FP4 weights and activations in
+# tensor_group blocks of 16; NVFP4A16 is the same weights with input_activations null.
+CT_NVFP4 = {
+    "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "ignore": ["lm_head"],
+    "config_groups": {"group_0": {
+        "targets": ["Linear"],
+        "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group",
+                    "group_size": 16, "symmetric": True, "dynamic": False},
+        "input_activations": {"num_bits": 4, "type": "float", "strategy": "tensor_group",
+                              "group_size": 16, "dynamic": "local"}}}}
+CT_NVFP4A16 = dict(CT_NVFP4, config_groups={"group_0": dict(
+    CT_NVFP4["config_groups"]["group_0"], input_activations=None)})
+# AMD Quark OCP MXFP4 (amd/*-MXFP4 checkpoints): fp4 weights and inputs, per_group of 32.
+QUARK_MXFP4 = {"quant_method": "quark", "exclude": ["lm_head"], "global_quant_config": {
+    "weight": {"dtype": "fp4", "qscheme": "per_group", "group_size": 32, "ch_axis": -1,
+               "scale_format": "e8m0", "is_dynamic": False},
+    "input_tensors": {"dtype": "fp4", "qscheme": "per_group", "group_size": 32, "ch_axis": -1,
+                      "scale_format": "e8m0", "is_dynamic": True},
+    "output_tensors": None}}
 
 
 @pytest.mark.parametrize(("raw", "expected"), [
@@ -63,6 +89,18 @@ GPT_OSS = {"quant_method": "mxfp4", "modules_to_not_convert": [
     ({"bits": 4, "group_size": -1, "quant_method": "gptq"},  # one group per column
      CheckpointQuant("gptq", "gptq", 4, weight_only=True)),
     (GPT_OSS, CheckpointQuant("mxfp4", "mxfp4", 4, 32, 8, weight_only=True, experts_only=True)),
+    (MODELOPT_NVFP4, CheckpointQuant("nvfp4", "modelopt", 4, 16, 8)),
+    (MODELOPT_NVFP4_NESTED, CheckpointQuant("nvfp4", "modelopt", 4, 16, 8, experts_only=True)),
+    ({"quant_method": "modelopt", "quant_algo": "W4A16_NVFP4", "group_size": 16},
+     CheckpointQuant("nvfp4", "modelopt", 4, 16, 8, weight_only=True)),
+    ({"quant_method": "modelopt", "quant_algo": "nvfp4"},  # ModelOpt may write it lower-case
+     CheckpointQuant("nvfp4", "modelopt", 4, 16, 8)),
+    (CT_NVFP4, CheckpointQuant("nvfp4", "compressed-tensors", 4, 16, 8)),
+    (CT_NVFP4A16, CheckpointQuant("nvfp4", "compressed-tensors", 4, 16, 8, weight_only=True)),
+    (QUARK_MXFP4, CheckpointQuant("mxfp4", "quark", 4, 32, 8)),
+    (dict(QUARK_MXFP4, global_quant_config=dict(QUARK_MXFP4["global_quant_config"],
+                                                 input_tensors=None)),
+     CheckpointQuant("mxfp4", "quark", 4, 32, 8, weight_only=True)),
 ])
 def test_spellings(raw: dict[str, Any], expected: CheckpointQuant) -> None:
     assert parse_quantization_config(raw) == expected
@@ -80,6 +118,8 @@ def test_bits_per_weight_counts_scales_and_zeros() -> None:
     assert awq is not None and awq.bits_per_weight == 4 + (16 + 4) / 128
     mx = parse_quantization_config(GPT_OSS)
     assert mx is not None and mx.bits_per_weight == 4 + 8 / 32
+    nv = parse_quantization_config(MODELOPT_NVFP4)  # an FP8 E4M3 scale per 16 FP4 values
+    assert nv is not None and nv.bits_per_weight == 4 + 8 / 16 == 4.5
     assert CheckpointQuant("fp8", "fp8", 8).bits_per_weight == 8.0
 
 
@@ -89,13 +129,18 @@ def test_absent_is_none() -> None:
 
 @pytest.mark.parametrize(("raw", "message"), [
     ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "'bitsandbytes' is not modelled"),
-    ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, r"quant_algo NVFP4\) is not modelled"),
+    ({"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION"},
+     r"quant_algo MIXED_PRECISION\) is not modelled"),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 32},
+     "modelopt NVFP4 with group_size 32 is not modelled"),
+    ({"quant_method": "quark", "global_quant_config": {"weight": {"dtype": "fp8_e4m3"}}},
+     "quark with fp8_e4m3 weights is not modelled"),
     ({"quant_method": "awq", "bits": 3}, "awq with 3 bits"),
     ({"quant_method": "gptq", "bits": "4"}, "'bits' must be an integer"),
     ({"quant_method": "compressed-tensors"}, "without config_groups"),
     ({"quant_method": "compressed-tensors", "config_groups": {"g": {
         "targets": ["Linear"], "weights": {"num_bits": 4, "type": "float"}}}},
-     "float 4-bit weights are not modelled"),
+     "float 4-bit weights with group_size none are not modelled"),
     ("fp8", "must be an object"),
 ])
 def test_unmodelled_or_malformed_is_one_clear_error(raw: Any, message: str) -> None:

@@ -18,6 +18,7 @@ from simulator.kv.sizing import kv_capacity
 from simulator.config.scenario import Scenario, parse_scenario
 
 H100, A100 = get_gpu("h100"), get_gpu("a100")
+B200, MI355X = get_gpu("b200"), get_gpu("mi355x")
 
 # Llama-3.1-8B, per layer: q, o 4096×4096; k, v 4096×1024; gate, up, down 4096×14336.
 LLAMA8_LINEAR = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
@@ -46,6 +47,53 @@ def test_fp8_checkpoint_weight_bytes_by_hand() -> None:
     assert fmt.weight_bytes == pytest.approx(9.08e9, rel=0.005)
     assert fmt.dense_weight_bytes == expected - 2 * LLAMA8_EMBED  # the lookup is not streamed
     assert (fmt.quantization, fmt.origin, fmt.weight_dtype) == ("fp8", "checkpoint", "fp8_e4m3")
+
+
+LLAMA8_NVFP4_CONFIG = dict(  # a ModelOpt NVFP4 export of Llama-3.1-8B-Instruct (trimmed)
+    LLAMA8_AWQ_CONFIG, torch_dtype="bfloat16",
+    quantization_config={"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+                         "ignore": ["lm_head"]})
+
+
+def test_nvfp4_checkpoint_weight_bytes_by_hand() -> None:
+    model = model_from_hf_config(LLAMA8_NVFP4_CONFIG, name="llama-3.1-8b-nvfp4")
+    fmt = resolve_quantization(model, "auto", B200)
+    values = LLAMA8_LINEAR // 2  # E2M1, two per byte
+    scales = LLAMA8_LINEAR // 16  # one FP8 E4M3 byte per block of 16
+    assert fmt.weight_bytes == values + scales + 2 * (2 * LLAMA8_EMBED + LLAMA8_NORMS)
+    assert fmt.weight_bytes == 6_027_747_328
+    assert (fmt.weight_dtype, fmt.linear_bits, fmt.gemm_dtype) == ("nvfp4", 4.5, "fp4")
+    # Hopper has no FP4 tensor cores: the same bytes, read by FP4 Marlin with bf16 activations.
+    hopper = resolve_quantization(model, "auto", H100)
+    assert (hopper.weight_bytes, hopper.gemm_dtype) == (fmt.weight_bytes, "bf16")
+    assert any("no NVFP4 tensor cores" in n and "W4A16" in n for n in hopper.notes)
+    # CDNA 4's FP4 tensor cores take MXFP4 (E8M0 scales, blocks of 32), not NVFP4.
+    assert resolve_quantization(model, "auto", MI355X).gemm_dtype == "bf16"
+
+
+def test_fp4_what_ifs_are_sized_like_their_checkpoints() -> None:
+    bf16 = get_model("llama-3.1-8b")
+    real = resolve_quantization(model_from_hf_config(LLAMA8_NVFP4_CONFIG, name="x"), "auto", B200)
+    nvfp4 = resolve_quantization(bf16, "nvfp4", B200)
+    assert (nvfp4.weight_bytes, nvfp4.origin, nvfp4.gemm_dtype) == (real.weight_bytes, "what-if",
+                                                                   "fp4")
+    assert "vLLM needs such a checkpoint" in nvfp4.notes[0]
+    mxfp4 = resolve_quantization(bf16, "mxfp4", MI355X)  # AMD Quark's OCP MXFP4 W4A4
+    assert mxfp4.weight_bytes == (LLAMA8_LINEAR * (4 + 8 / 32) + 16 * (2 * LLAMA8_EMBED
+                                                                    + LLAMA8_NORMS)) / 8
+    assert (mxfp4.gemm_dtype, mxfp4.linear_bits) == ("fp4", 4.25)
+    emulated = resolve_quantization(bf16, "mxfp4", get_gpu("mi325x"))  # CDNA 3: no FP4
+    assert emulated.gemm_dtype == "bf16"
+    assert any("no MXFP4 tensor cores" in n for n in emulated.notes)
+
+
+def test_gpt_oss_mxfp4_stays_weight_only_on_blackwell() -> None:
+    # vLLM's MXFP4 MoE backends take bf16 activations by default, Blackwell's included.
+    fmt = resolve_quantization(get_model("gpt-oss-120b"), "auto", B200)
+    assert (fmt.gemm_dtype, fmt.expert_bits) == ("bf16", 4.25)
+    assert any("weight-only on B200-180GB too" in n for n in fmt.notes)
+    assert fmt.weight_bytes == resolve_quantization(get_model("gpt-oss-120b"), "auto",
+                                                    H100).weight_bytes
 
 
 def test_awq_checkpoint_weight_bytes_by_hand() -> None:
@@ -102,6 +150,22 @@ def test_deepseek_fp8_keeps_routers_and_norms_in_bf16() -> None:
     ("llama-3.1-8b-fp8", "none", "h100", "bf16"),
     ("tiny", "auto", "h100", "fp32"),
     ("gpt-oss-120b", "auto", "h100", "bf16"),
+    ("gpt-oss-120b", "auto", "b200", "bf16"),  # MXFP4 MoE with bf16 activations
+    ("gpt-oss-120b", "auto", "mi355x", "bf16"),
+    ("llama-3.1-8b", "nvfp4", "b200", "fp4"),
+    ("llama-3.1-8b", "nvfp4", "b300", "fp4"),
+    ("llama-3.1-8b", "modelopt_fp4", "gb200", "fp4"),
+    ("llama-3.1-8b", "nvfp4", "gb300", "fp4"),
+    ("llama-3.1-8b", "nvfp4", "h100", "bf16"),  # FP4 Marlin, W4A16
+    ("llama-3.1-8b", "nvfp4", "a100", "bf16"),
+    ("llama-3.1-8b", "nvfp4", "mi355x", "bf16"),  # no NVFP4 on CDNA 4
+    ("llama-3.1-8b", "mxfp4", "mi355x", "fp4"),
+    ("llama-3.1-8b", "mxfp4", "b200", "fp4"),
+    ("llama-3.1-8b", "mxfp4", "mi325x", "bf16"),
+    ("llama-3.1-8b", "mxfp4", "h200", "bf16"),
+    ("llama-3.1-8b-fp8", "auto", "b200", "fp8"),
+    ("llama-3.1-8b-fp8", "auto", "mi325x", "fp8"),
+    ("llama-3.1-8b", "int8", "b300", "int8"),
 ])
 def test_gemm_dtype_per_gpu(model: str, quantization: str, gpu: str, gemm: str) -> None:
     assert resolve_quantization(get_model(model), quantization, get_gpu(gpu)).gemm_dtype == gemm
@@ -125,7 +189,8 @@ def test_int8_without_int8_tensor_cores_is_an_error() -> None:
     ("deepseek-v3", "awq", "does not match DeepSeek-V3's checkpoint"),
     ("llama-3.1-8b-fp8", "gptq", "does not match"),
     ("gpt-oss-20b", "fp8", "does not match"),
-    ("llama-3.1-8b", "mxfp4", "needs a checkpoint quantized that way"),
+    ("llama-3.1-8b", "quark", "needs a checkpoint quantized that way"),
+    ("gpt-oss-20b", "nvfp4", "does not match"),
     ("deepseek-v3", "compressed-tensors", "does not match"),
     ("llama-3.1-8b", "fp9", "unknown quantization 'fp9' — did you mean 'fp8'"),
     ("llama-3.1-8b", "awk", "did you mean 'awq'"),
@@ -141,6 +206,7 @@ def test_names_follow_vllm() -> None:
     assert {canonical_quantization(n) for n in ("awq", "awq_marlin", "AWQ")} == {"awq"}
     assert canonical_quantization("gptq_marlin") == "gptq"
     assert canonical_quantization("compressed-tensors") == "compressed-tensors"
+    assert canonical_quantization("modelopt_fp4") == canonical_quantization("NVFP4") == "nvfp4"
     assert resolve_quantization(get_model("llama-3.1-8b-fp8"), "compressed-tensors",
                                 H100).quantization == "fp8"
 
@@ -159,7 +225,8 @@ def test_capacity_gains_what_the_weights_lose() -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.sampled_from(list_models()), st.sampled_from(["fp8", "int8", "awq", "gptq"]))
+@given(st.sampled_from(list_models()),
+       st.sampled_from(["fp8", "int8", "awq", "gptq", "nvfp4", "mxfp4"]))
 def test_quantizing_never_adds_bytes(name: str, quantization: str) -> None:
     model = get_model(name)
     if model.quantization is not None:

@@ -241,6 +241,12 @@ def test_fast_path_equals_the_full_formula():
     ("llama-3.1-8b", "int8", "a100", "int8", "dense_int8_ops"),
     ("llama-3.1-8b", "awq", "h100", "bf16", "dense_bf16_flops"),
     ("gpt-oss-20b", "auto", "h100", "bf16", "dense_bf16_flops"),
+    ("gpt-oss-20b", "auto", "b200", "bf16", "dense_bf16_flops"),  # MXFP4 MoE, bf16 activations
+    ("llama-3.1-8b", "nvfp4", "b200", "fp4", "dense_fp4_flops"),
+    ("llama-3.1-8b", "nvfp4", "gb300", "fp4", "dense_fp4_flops"),
+    ("llama-3.1-8b", "nvfp4", "h100", "bf16", "dense_bf16_flops"),  # FP4 Marlin, W4A16
+    ("llama-3.1-8b", "mxfp4", "mi355x", "fp4", "dense_fp4_flops"),
+    ("llama-3.1-8b", "mxfp4", "mi325x", "bf16", "dense_bf16_flops"),
 ])
 def test_gemm_dtype_picks_the_peak(model: str, quantization: str, gpu: str, gemm: str,
                                    peak_field: str) -> None:
@@ -268,3 +274,44 @@ def test_mxfp4_experts_stream_at_4_25_bits() -> None:
     bias = oss.routed_expert_bias_params
     assert lat.step_cost(decode(1, 1)).weight_bytes == pytest.approx(
         lat.weight_format.dense_weight_bytes + 36 * 4 * (matrices * 4.25 + bias * 16) / 8, rel=1e-9)
+
+
+def test_fp4_gemms_run_on_the_fp4_peak_at_the_fp8_efficiency() -> None:
+    b200 = get_gpu("b200")
+    plan = prefill(4096)
+    # roofline_fit.json has no FP4 constant: W4A4 GEMMs take fp8_flops_efficiency
+    fp4 = RooflineLatency(LLAMA, b200, quantization="nvfp4", constants=HAND,
+                          fp8_flops_efficiency=0.3)
+    fp8 = RooflineLatency(LLAMA, b200, quantization="fp8", constants=HAND,
+                          fp8_flops_efficiency=0.3)
+    assert fp4.rates.gemm_8bit and fp4.peak_flops == 9000e12 == b200.dense_fp4_flops
+    c4, c8 = fp4.step_cost(plan), fp8.step_cost(plan)
+    assert c4.gemm_flops == c8.gemm_flops and c4.attention_flops == c8.attention_flops
+    # the same attention on the 16-bit peak; the GEMMs at half the FP8 time
+    assert c8.compute_s - c4.compute_s == pytest.approx(
+        c4.gemm_flops / (4500e12 * 0.3) - c4.gemm_flops / (9000e12 * 0.3), rel=1e-9)
+    # 4.5 bits per linear weight streamed, and the fast path agrees with the full formula
+    assert fp4.step_cost(decode(1, 1)).weight_bytes == fp4.weight_format.dense_weight_bytes
+    for p in (plan, decode(8, 500)):
+        assert fp4.step_latency_s(p) == fp4.step_cost(p).total_s
+
+
+def test_nvl72_keeps_an_expert_parallel_all_to_all_on_nvlink() -> None:
+    from simulator.kv.expert_parallel import ExpertRouting, ParallelLayout, remote_ranks_per_token
+
+    ds = get_model("deepseek-v3")
+    layout = ParallelLayout(1, 16, True)  # EP 16: two HGX boards, or 16 GPUs of one NVL72 rack
+    on8, off8 = remote_ranks_per_token(ds, layout, ExpertRouting(), 8)
+    on72, off72 = remote_ranks_per_token(ds, layout, ExpertRouting(), 72)
+    assert off8 > 0 and off72 == 0 and on72 == pytest.approx(on8 + off8)
+    token_bytes, calls, tokens = ds.hidden_size * 2, 2 * ds.num_moe_layers, 4
+    costs = {}
+    for name in ("b200", "gb200"):
+        gpu = get_gpu(name)
+        lat = RooflineLatency(ds, gpu, dp=16, enable_expert_parallel=True,
+                              alltoall_latency_s=0.0, constants=HAND)
+        costs[name] = lat.step_cost(decode(tokens, 100)).alltoall_s
+    assert costs["gb200"] == pytest.approx(calls * tokens * token_bytes * on72 / 900e9)
+    assert costs["b200"] == pytest.approx(calls * tokens * token_bytes * max(on8 / 900e9,
+                                                                              off8 / 50e9))
+    assert costs["b200"] > 5 * costs["gb200"]  # the second board is reached at 50 GB/s
