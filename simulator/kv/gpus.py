@@ -3,7 +3,7 @@
 Conventions (so every entry is comparable):
 
 * ``hbm_bytes`` is the datasheet capacity read as GiB (80 GB -> 80 × 2**30), as vLLM's planning
-  and the seed chapter do; the driver reports slightly less (an H100-80GB shows ~79.2 GiB).
+  does; the driver reports slightly less (an H100-80GB shows ~79.2 GiB).
 * Throughputs are *dense* (no 2:4 sparsity) tensor-core FLOP/s; ``dense_fp8_flops`` is 0 where
   the GPU has no fp8 tensor cores, ``dense_int8_ops`` (int8 ops/s) 0 where it has no int8 ones,
   ``dense_fp4_flops`` 0 where it has no FP4 ones. ``fp4_formats`` names the block-scaled FP4
@@ -21,6 +21,13 @@ Conventions (so every entry is comparable):
   direction. Default: 8 GPUs and one 400 Gb/s NIC per GPU (50 GB/s), as in NVIDIA's DGX
   H100/H200 (8 × ConnectX-7 400 Gb/s for the compute fabric, DGX H100/H200 user guide,
   "Hardware overview"); DGX A100 has 8 × ConnectX-6 200 Gb/s.
+* Sources: each entry cites its vendor datasheet. For the Blackwell (B200, B300, GB200, GB300)
+  and CDNA 3/4 (MI325X, MI355X) entries the figures were taken from the datasheets' tables as
+  third parties reproduce them (glennklockwood.com/garden/processors/B200 and /B300, which give
+  the dense and sparse columns of NVIDIA's HGX B200/B300 tables; The Register, 2025-06-12, and
+  AMD's ISSCC 2026 paper as reported, for the MI355X's dense FP4 and FP8), and cross-checked with
+  AIConfigurator's system files (aiconfigurator-core 0.12.0, systems/*.yaml); where these
+  disagree the entry's comment says so.
 * ``price_usd_per_hour`` is a typical on-demand cloud price per GPU, for cost comparisons only;
   prices change often, check the source. 0 where no price is cited (``kvplan capacity --price``
   supplies one; without it the cost columns stay empty).
