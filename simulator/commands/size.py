@@ -38,7 +38,7 @@ def add_parser(subparsers: Any) -> None:
                         " torch_dtype (fp16 with explicit dimensions)")
     p.add_argument("--quantization", default="auto",
                    help="vLLM's --quantization for --gpu: auto (the checkpoint's"
-                        " quantization_config), none, fp8, int8 (W8A8), awq, gptq, mxfp4,"
+                        " quantization_config), none, fp8, int8 (W8A8), awq, gptq, mxfp4, nvfp4,"
                         " compressed-tensors")
     p.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (default 2048)")
     p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
