@@ -2,8 +2,11 @@
 
 Vocabularies read: Llama, Mistral, Qwen2/Qwen3, OPT, Gemma 2/3 (multimodal configs keep the
 language model under ``text_config``), DeepSeek-V2/V3 (MLA, ``n_routed_experts``), Mixtral and
-gpt-oss (``num_local_experts``), Qwen2/Qwen3-MoE (``num_experts``, ``decoder_sparse_step``,
-``mlp_only_layers``, ``shared_expert_intermediate_size``), Qwen3-Next, Nemotron-H.
+gpt-oss and MiniMax-M2 (``num_local_experts``), Qwen2/Qwen3-MoE (``num_experts``,
+``decoder_sparse_step``, ``mlp_only_layers``, ``shared_expert_intermediate_size``), Qwen3-Next,
+Qwen3.5 (dense and MoE, under ``text_config``), Kimi-K2.5 (a DeepSeek-V3 ``text_config``),
+DeepSeek-V3.2 and GLM-5 (MLA with a sparse-attention indexer: ``index_n_heads``,
+``index_head_dim``, ``index_topk``), Nemotron-H.
 
 Sliding-window attention, as transformers derives ``layer_types`` when a config does not list
 them (so kvplan flags exactly the layers the model runs with a window):
@@ -27,7 +30,19 @@ Llama 4's MoE layers are every ``interleave_moe_layer_step``-th (``(i + 1) % ste
 
 Linear attention (Qwen3-Next, ``model_type`` qwen3_next): ``layer_types`` if given, else
 transformers' Qwen3NextConfig rule, ``linear_attention`` unless ``(i + 1) %
-full_attention_interval == 0``; the Gated DeltaNet widths are its ``linear_*`` fields.
+full_attention_interval == 0``; the Gated DeltaNet widths are its ``linear_*`` fields. Qwen3.5
+(``qwen3_5_text``, ``qwen3_5_moe_text``) lists ``layer_types`` and keeps its Gated DeltaNet state
+in the config's ``mamba_ssm_dtype`` (float32 in the released checkpoints): vLLM's
+``Qwen3_5ForConditionalGenerationConfig.verify_and_update_config`` sets ``mamba_ssm_cache_dtype``
+from it when the flag is "auto" (vllm/model_executor/models/config.py), and
+``MambaStateDtypeCalculator.gated_delta_net_state_dtype`` keeps the conv state in the model dtype
+and the temporal state in that dtype (vllm/model_executor/layers/mamba/mamba_utils.py).
+
+The checkpoint's KV cache dtype: vLLM resolves ``--kv-cache-dtype auto`` to the KV quantization
+a ModelOpt checkpoint declares, ``kv_cache_quant_algo`` "FP8" (or a ``kv_cache_scheme`` of 8-bit
+static floats) -> ``fp8_e4m3`` (vllm/utils/torch_utils.py ``resolve_kv_cache_dtype_string`` and
+``get_kv_cache_quant_algo_string``, called by ``EngineArgs.create_engine_config`` before the
+CacheConfig is built); other methods leave it at the model dtype.
 
 Nemotron-H (``model_type`` nemotron_h): ``hybrid_override_pattern`` gives each layer's kind ("M"
 Mamba-2 -> linear_attention, "*" attention -> full_attention, "-" MLP -> mlp_only; the MoE "E"
@@ -86,6 +101,9 @@ _TIED_BY_DEFAULT = frozenset({"opt", "gemma2", "gemma3_text"})
 _LLAMA4_NO_ROPE_INTERVAL = 4  # transformers Llama4TextConfig no_rope_layer_interval default
 _MAMBA2_FIELDS = ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel")
 _NEMOTRON_H_SSM_CACHE_DTYPE = "float32"  # vLLM's NemotronHForCausalLMConfig default (docstring)
+_QWEN3_5_TYPES = frozenset({"qwen3_5_text", "qwen3_5_moe_text"})
+# vLLM's MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP (vllm/utils/torch_utils.py): "fp8" -> "fp8_e4m3"
+_MODELOPT_FP8_KV = "fp8_e4m3"
 _LINEAR_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                   "linear_value_head_dim", "linear_conv_kernel_dim")
 # What vLLM serves a float32 (or dtype-less) checkpoint in under --dtype auto: the platform's first
@@ -113,6 +131,10 @@ def model_from_hf_config(raw: dict[str, Any], *, name: str, source: str = "") ->
     inter_key = "ffn_dim" if raw.get("intermediate_size") is None else "intermediate_size"
     if raw.get("intermediate_size_mlp") is not None:  # Llama 4: the dense layers' width
         inter_key = "intermediate_size_mlp"
+    if raw.get(inter_key) is None and _every_layer_moe(raw):
+        # Qwen3.5-MoE lists no intermediate_size: no layer has a dense MLP, and the width is read
+        # only by the activation estimate, whose fused-MoE term exceeds it (simulator/kv/sizing.py)
+        inter_key = "moe_intermediate_size"
     if raw.get(inter_key) is None:
         raise KvplanError("missing required field 'intermediate_size' (or OPT's 'ffn_dim')")
     model_type = str(raw.get("model_type") or "llama")
@@ -133,6 +155,10 @@ def model_from_hf_config(raw: dict[str, Any], *, name: str, source: str = "") ->
         mla = {key: _int(raw, key) for key in
                ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")}
         mla["q_lora_rank"] = _int(raw, "q_lora_rank") if raw.get("q_lora_rank") else None
+        if raw.get("index_topk") is not None:  # DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5)
+            # vLLM builds the indexer when the config has index_topk (deepseek_v2.py: is_v32)
+            mla.update({key: _positive(raw, key) for key in
+                        ("index_n_heads", "index_head_dim", "index_topk")})
     layer_types, window = _attention_layout(raw, model_type, layers)
     chunk = _int(raw, "attention_chunk_size") if CHUNKED_ATTENTION in layer_types else None
     linear: dict[str, Any] = {}
@@ -143,6 +169,10 @@ def model_from_hf_config(raw: dict[str, Any], *, name: str, source: str = "") ->
                                               or _NEMOTRON_H_SSM_CACHE_DTYPE)
     elif LINEAR_ATTENTION in layer_types:
         linear = {key: _int(raw, key) for key in _LINEAR_FIELDS}
+        ssm_dtype = raw.get("mamba_ssm_dtype")
+        if model_type in _QWEN3_5_TYPES and ssm_dtype is not None:
+            linear["mamba_ssm_cache_dtype"] = str(ssm_dtype)
+    quant = raw.get("quantization_config")
     return ModelConfig(
         name=name, num_hidden_layers=layers, num_attention_heads=heads,
         num_key_value_heads=_int(raw, "num_key_value_heads", heads), head_dim=head_dim,
@@ -152,10 +182,33 @@ def model_from_hf_config(raw: dict[str, Any], *, name: str, source: str = "") ->
         max_position_embeddings=_window(raw, model_type), model_type=model_type,
         hf_id=str(raw.get("_name_or_path") or ""),
         attention_bias=raw.get("attention_bias") is True,
-        quantization=parse_quantization_config(raw.get("quantization_config")),
+        quantization=parse_quantization_config(quant),
+        checkpoint_kv_cache_dtype=checkpoint_kv_cache_dtype(quant),
         layer_types=layer_types, sliding_window=window, attention_chunk_size=chunk,
         **linear, **mla, **_moe_fields(raw, inter_key), config_path=source,
     )
+
+
+def checkpoint_kv_cache_dtype(quant: Any) -> str | None:
+    """The KV cache dtype a ``quantization_config`` asks vLLM for under ``--kv-cache-dtype
+    auto`` (module docstring): ``fp8_e4m3`` for a ModelOpt checkpoint whose
+    ``kv_cache_quant_algo`` is FP8 or whose ``kv_cache_scheme`` is 8-bit static floats; None
+    otherwise (vLLM warns and keeps "auto" for an algorithm it does not know)."""
+    if not isinstance(quant, dict):
+        return None
+    if not str(quant.get("quant_method", "")).lower().startswith("modelopt"):
+        return None
+    inner = quant.get("quantization", quant)
+    inner = inner if isinstance(inner, dict) else quant
+    algo = (inner.get("kv_cache_scheme") or quant.get("kv_cache_scheme")
+            or inner.get("kv_cache_quant_algo") or quant.get("kv_cache_quant_algo"))
+    if isinstance(algo, dict):
+        fp8 = (algo.get("dynamic") is False and algo.get("num_bits") == 8
+               and algo.get("type") == "float")
+        return _MODELOPT_FP8_KV if fp8 else None
+    if isinstance(algo, str) and algo.lower() == "fp8":
+        return _MODELOPT_FP8_KV
+    return None
 
 
 def config_model_name(raw: dict[str, Any], path: Path) -> str:
@@ -263,6 +316,14 @@ def _moe_fields(raw: dict[str, Any], inter_key: str) -> dict[str, Any]:
     return {}
 
 
+def _every_layer_moe(raw: dict[str, Any]) -> bool:
+    """True for a Qwen-MoE config whose every layer is sparse (``num_experts`` > 0,
+    ``decoder_sparse_step`` 1, no ``mlp_only_layers``), with a ``moe_intermediate_size``."""
+    return (isinstance(raw.get("num_experts"), int) and raw["num_experts"] > 0
+            and raw.get("decoder_sparse_step", 1) == 1 and not raw.get("mlp_only_layers")
+            and raw.get("moe_intermediate_size") is not None)
+
+
 def _attention_layout(raw: dict[str, Any], model_type: str,
                       layers: int) -> tuple[tuple[str, ...], int | None]:
     """(layer_types, sliding_window) by the rules of the module docstring; ``()`` and None
@@ -340,4 +401,4 @@ def _int_list(raw: dict[str, Any], key: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-__all__ = ["config_model_name", "model_from_hf_config"]
+__all__ = ["checkpoint_kv_cache_dtype", "config_model_name", "model_from_hf_config"]

@@ -17,7 +17,19 @@ Parameter counts are derived from the tensor shapes, not copied from model cards
   (gpt-oss: with biases on the router and the experts). Which layers are MoE follows DeepSeek's
   ``first_k_dense_replace`` and Qwen-MoE's ``decoder_sparse_step`` / ``mlp_only_layers``;
 * norms: RMSNorm weights (LayerNorm weight + bias for OPT), two per layer (four for Gemma 2/3)
-  plus a final one; Qwen3 and Gemma 3 add a q-norm and a k-norm of ``head_dim`` per layer.
+  plus a final one; Qwen3, Qwen3-Next, Qwen3.5 and Gemma 3 add a q-norm and a k-norm of
+  ``head_dim`` per layer; MiniMax-M2 normalises the whole q and k projections instead (its
+  ``qk_norm_type`` "per_layer": ``q_norm`` of ``heads × head_dim``, ``k_norm`` of ``kv_heads ×
+  head_dim``, vllm/model_executor/models/minimax_m2.py ``MiniMaxM2Attention``). Routers are
+  ``hidden × E`` matrices; the ``e_score_correction_bias`` (E values per MoE layer) of
+  DeepSeek-V3-style and MiniMax-M2 routers is not counted (under 20,000 parameters a model).
+* DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5: ``index_n_heads``, ``index_head_dim``,
+  ``index_topk``): each MLA layer also has a lightning indexer (vllm/model_executor/models/
+  deepseek_v2.py, ``Indexer``): ``wq_b`` ``q_lora_rank × index_n_heads · index_head_dim`` (built
+  with the checkpoint's quantization), ``wk`` ``hidden × index_head_dim`` and ``weights_proj``
+  ``hidden × index_n_heads`` (fused into one GEMM built with ``quant_config=None``, so stored in
+  the model dtype) and a LayerNorm ``k_norm`` of ``index_head_dim`` (weight and bias). Its KV
+  cache is in :attr:`ModelConfig.indexer_cache_bytes`.
 
 Attention kinds: ``layer_types`` (HF's per-layer list) says what each layer keeps per request:
 
@@ -89,10 +101,16 @@ TOKEN_KV_KINDS = frozenset({FULL_ATTENTION, SLIDING_ATTENTION, CHUNKED_ATTENTION
 
 # Recipes keyed by model_type (see the module docstring).
 _QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe"})
-_QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "gemma3_text", "qwen3_next"})
+# Qwen3.5 (vllm/model_executor/models/qwen3_5.py): Qwen3-Next's layers (Qwen3NextAttention,
+# GatedDeltaNetAttention, Qwen3NextSparseMoeBlock or a dense Qwen2-MoE MLP); HF's text model types.
+_QWEN3_5_TYPES = frozenset({"qwen3_5_text", "qwen3_5_moe_text"})
+_QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "gemma3_text", "qwen3_next"}) | _QWEN3_5_TYPES
+_WHOLE_QK_NORM_TYPES = frozenset({"minimax_m2"})  # q_norm / k_norm over all heads at once
 _FOUR_NORM_TYPES = frozenset({"gemma2", "gemma3_text"})  # pre/post attention and MLP norms
 _GPT_OSS = "gpt_oss"
-_GATED_ATTENTION_TYPES = frozenset({"qwen3_next"})  # attn_output_gate: q_proj emits q and a gate
+# attn_output_gate: q_proj emits q and a gate
+_GATED_ATTENTION_TYPES = frozenset({"qwen3_next"}) | _QWEN3_5_TYPES
+_INDEXER_QUANT_BLOCK = 128  # vLLM's Indexer.quant_block_size: one fp32 scale per 128 fp8 keys
 _NEMOTRON_H = "nemotron_h"
 _UNGATED_MLP_TYPES = frozenset({"opt", _NEMOTRON_H})  # fc1/up -> activation -> fc2/down
 # hybrid_override_pattern's characters (vllm/model_executor/models/nemotron_h.py,
@@ -191,6 +209,15 @@ class ModelConfig:
     n_shared_experts: int = 0
     decoder_sparse_step: int = 1  # Qwen-MoE: every k-th layer is MoE
     mlp_only_layers: tuple[int, ...] = ()  # Qwen-MoE: layer indices kept dense
+    # DeepSeek Sparse Attention's lightning indexer (module docstring): HF's index_* fields, 0
+    # without one. index_topk: the tokens each query's MLA attends to, chosen by the indexer.
+    index_n_heads: int = 0
+    index_head_dim: int = 0
+    index_topk: int = 0
+    # The KV cache dtype the checkpoint asks vLLM for under --kv-cache-dtype auto (a ModelOpt
+    # checkpoint's kv_cache_quant_algo "FP8" is "fp8_e4m3": simulator/kv/hf_config.py says
+    # where vLLM reads it); None = the model dtype.
+    checkpoint_kv_cache_dtype: str | None = None
     # the config.json the model was read from ("" for a catalog model): named by the errors its
     # shape meets after it is read (a tensor parallelism that does not divide its heads)
     config_path: str = field(default="", compare=False)
@@ -232,6 +259,15 @@ class ModelConfig:
                 _check_positive(self.name, name, getattr(self, name))
         if self.mamba_ssm_cache_dtype is not None:
             canonical_dtype(self.mamba_ssm_cache_dtype, f"mamba_ssm_cache_dtype of model '{self.name}'")
+        if self.index_n_heads or self.index_head_dim or self.index_topk:
+            if not self.is_mla or not self.q_lora_rank:
+                raise KvplanError(f"model '{self.name}': a sparse-attention indexer (index_*)"
+                                  " needs multi-head latent attention with a q_lora_rank")
+            for name in ("index_n_heads", "index_head_dim", "index_topk"):
+                _check_positive(self.name, name, getattr(self, name))
+        if self.checkpoint_kv_cache_dtype is not None:
+            canonical_dtype(self.checkpoint_kv_cache_dtype,
+                            f"checkpoint KV cache dtype of model '{self.name}'")
         unknown = set(self.layer_types) - TOKEN_KV_KINDS - {LINEAR_ATTENTION, MLP_ONLY}
         if unknown:
             raise KvplanError(f"model '{self.name}': layer_types has kinds kvplan does not model:"
@@ -267,6 +303,23 @@ class ModelConfig:
     def kv_latent_width(self) -> int:
         """MLA: values cached per token per layer (kv_lora_rank + qk_rope_head_dim); 0 otherwise."""
         return (self.kv_lora_rank or 0) + (self.qk_rope_head_dim or 0) if self.is_mla else 0
+
+    @property
+    def has_sparse_indexer(self) -> bool:
+        """True for DeepSeek Sparse Attention (a lightning indexer on every MLA layer)."""
+        return self.index_head_dim > 0
+
+    @property
+    def indexer_cache_bytes(self) -> int:
+        """DSA: bytes of one token's indexer key in one layer as vLLM caches it, whatever the KV
+        dtype: ``index_head_dim`` fp8 values and one fp32 scale per 128 of them, in a uint8
+        tensor of its own, one head (vllm/model_executor/models/deepseek_v2.py,
+        ``Indexer.__init__``: ``head_dim + head_dim // quant_block_size * 4``, quant_block_size
+        128; ``DeepseekV32IndexerCache.get_kv_cache_spec``: ``MLAAttentionSpec(num_kv_heads=1,
+        dtype=torch.uint8)``); 0 without an indexer."""
+        if not self.index_head_dim:
+            return 0
+        return self.index_head_dim + self.index_head_dim // _INDEXER_QUANT_BLOCK * 4
 
     @property
     def qk_head_dim(self) -> int:
@@ -435,14 +488,12 @@ class ModelConfig:
             return self._nemotron_h_body_params()
         norm = 2 * h if self._is_opt else h  # LayerNorm has a bias, RMSNorm does not
         norms = 4 if self.model_type in _FOUR_NORM_TYPES else 2
-        per_layer = self._attention_params() + norms * norm
-        if self.model_type in _QK_NORM_TYPES:
-            per_layer += 2 * self.head_dim
+        qk_norms = self._qk_norm_params()
+        per_layer = self._attention_params() + norms * norm + qk_norms
         dense_layers = self.num_hidden_layers - self.num_moe_layers
         linear = self.num_layers_of(LINEAR_ATTENTION)
         body = self.num_hidden_layers * per_layer + dense_layers * self._dense_mlp_params()
         if linear:  # Gated DeltaNet instead of attention (and its q/k norms) on those layers
-            qk_norms = 2 * self.head_dim if self.model_type in _QK_NORM_TYPES else 0
             body += linear * (self._linear_attention_params() - self._attention_params() - qk_norms)
         if self.is_moe:
             moe_fixed = self.n_shared_experts * self.routed_expert_params
@@ -489,11 +540,24 @@ class ModelConfig:
     def _is_opt(self) -> bool:
         return self.model_type == "opt"
 
+    def _qk_norm_params(self) -> int:
+        """One attention layer's q/k norms (module docstring)."""
+        if self.model_type in _QK_NORM_TYPES:
+            return 2 * self.head_dim
+        if self.model_type in _WHOLE_QK_NORM_TYPES:
+            return (self.num_attention_heads + self.num_key_value_heads) * self.head_dim
+        return 0
+
     def _attention_params(self) -> int:
-        """One layer's attention: projection weights, biases, MLA latent norms, sinks."""
+        """One layer's attention: projection weights, biases, MLA latent norms, sinks, and a
+        sparse-attention indexer's unquantized wk / weights_proj and its k_norm."""
         params = self._attention_matrix_params()
         if self.is_mla:
-            return params + (self.q_lora_rank or 0) + (self.kv_lora_rank or 0)  # latent norms
+            params += (self.q_lora_rank or 0) + (self.kv_lora_rank or 0)  # latent norms
+            if self.has_sparse_indexer:  # wk, weights_proj; LayerNorm weight and bias
+                params += (self.hidden_size * (self.index_head_dim + self.index_n_heads)
+                           + 2 * self.index_head_dim)
+            return params
         q_width = self.num_attention_heads * self.head_dim
         kv_width = self.num_key_value_heads * self.head_dim
         if self.model_type in _QKV_BIAS_TYPES or self._is_opt or self.attention_bias:
@@ -514,7 +578,9 @@ class ModelConfig:
             q = h * q_lora + q_lora * heads * qk_dim if q_lora else h * heads * qk_dim
             kv_a = h * (rank + rope)  # latent + rope key
             kv_b = rank * heads * (qk_dim - rope + v_dim)  # latent -> per-head k_nope and v
-            return q + kv_a + kv_b + heads * v_dim * h
+            # a sparse-attention indexer's wq_b (its other projections stay unquantized)
+            wq_b = (q_lora or 0) * self.index_n_heads * self.index_head_dim
+            return q + kv_a + kv_b + heads * v_dim * h + wq_b
         q_width = heads * self.head_dim
         kv_width = self.num_key_value_heads * self.head_dim
         if self.model_type in _GATED_ATTENTION_TYPES:  # q_proj also emits the output gate

@@ -44,10 +44,34 @@ def _load_config_file(path: Path) -> ModelConfig:
         raise KvplanError(f"{path}:{err.lineno}: invalid JSON: {err.msg}") from None
     if not isinstance(raw, dict):
         raise KvplanError(f"{path}: a config.json must hold a JSON object")
+    _add_hf_quant_config(raw, path)
     try:
         return model_from_hf_config(raw, name=config_model_name(raw, path), source=str(path))
     except KvplanError as err:
         raise KvplanError(f"{path}: {err}") from None
+
+
+def _add_hf_quant_config(raw: dict, path: Path) -> None:
+    """A ModelOpt checkpoint's ``hf_quant_config.json`` beside the config, as vLLM reads it: when
+    ``config.json`` has no ``quantization_config``, the file's contents become it
+    (vllm/transformers_utils/config.py ``get_config``: "ModelOpt 0.29.0 and before saves the
+    quantization config in a separate hf_quant_config.json"), under the ``quant_method``
+    "modelopt" vLLM gives a ModelOpt producer's config (vllm/config/model.py
+    ``_parse_quant_hf_config``)."""
+    text = raw.get("text_config")
+    if raw.get("quantization_config") is not None or (
+            isinstance(text, dict) and text.get("quantization_config") is not None):
+        return
+    quant_path = path.parent / "hf_quant_config.json"
+    if not quant_path.is_file():
+        return
+    try:
+        quant = json.loads(quant_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise KvplanError(f"cannot read {quant_path}: {err}") from None
+    if not isinstance(quant, dict):
+        raise KvplanError(f"{quant_path}: must hold a JSON object")
+    raw["quantization_config"] = {"quant_method": "modelopt", **quant}
 
 
 __all__ = ["ModelConfig", "canonical_dtype", "dtype_bits", "get_model", "list_models",

@@ -9,6 +9,34 @@
 When TP > H_kv vLLM replicates KV heads so each rank holds exactly one (TP must then be a
 multiple of H_kv); the KV state is then duplicated across ranks and the layout says so.
 
+``b`` is the KV cache dtype's width: ``--kv-cache-dtype``, or under ``auto`` the checkpoint's
+own KV quantization where it declares one (a ModelOpt ``kv_cache_quant_algo``:
+:func:`simulator.kv.hf_config.checkpoint_kv_cache_dtype`), else the model dtype.
+
+**DeepSeek Sparse Attention** (DeepSeek-V3.2, GLM-5: MLA with a lightning indexer) keeps two
+caches per layer, both replicated on every rank: the MLA latent, and the indexer's key of
+``index_head_dim`` fp8 values plus an fp32 scale per 128 (132 bytes for 128-wide keys,
+:attr:`ModelConfig.indexer_cache_bytes`, whatever the KV dtype). Every layer's two specs are
+full-attention ``MLAAttentionSpec`` pages of one block size, so vLLM puts them in one KV cache
+group whose page is the sum of the layers' pages (vllm/v1/kv_cache_interface.py,
+``UniformTypeKVCacheSpecs.page_size_bytes``)::
+
+    β = L · (latent bytes + indexer bytes)
+
+With an fp8 KV cache the latent is FlashMLA-sparse's ``fp8_ds_mla`` record, 656 bytes (512 fp8
+latent values, 4 fp32 scales, 64 bf16 rope values): ``MLAAttention`` turns a quantized KV dtype
+into ``fp8_ds_mla`` on the FLASHMLA_SPARSE backend
+(vllm/model_executor/layers/attention/mla_attention.py) and ``MLAAttentionSpec.real_page_size_bytes``
+counts ``block_size × 656`` for it (vllm/v1/kv_cache_interface.py); ``auto`` keeps the model
+dtype (vLLM main's ``DeepseekV32ForCausalLM.verify_and_update_config`` maps only "bfloat16" to
+"auto"; releases before it forced ``fp8_ds_mla`` under "auto" too).
+
+The roofline (:mod:`simulator.latency.roofline`) does not model DSA's selection: it reads every
+context token's whole β and attends to every context token, where DSA's MLA reads and attends to
+the ``index_topk`` tokens the indexer picks, and the indexer scores every cached key (``index_n_heads
+× index_head_dim`` fp8 products per query-key pair). Beyond 2,048 tokens of context it overstates a
+DSA model's attention reads and FLOPs, and it leaves the indexer's scoring out.
+
 Capacity (vLLM's profile run, done here analytically)::
 
     available = gpu_memory_utilization × HBM − weights/TP − peak activations − non-torch overhead
@@ -134,8 +162,11 @@ def kv_dtype_bytes(name: str) -> int:
 
 
 def resolve_kv_dtype(model: ModelConfig, kv_cache_dtype: str = "auto") -> str:
-    """The KV dtype actually stored: ``"auto"`` means the model's ``torch_dtype``."""
+    """The KV dtype actually stored: ``"auto"`` means the checkpoint's declared KV dtype if any
+    (module docstring), else the model's ``torch_dtype``."""
     if kv_cache_dtype.strip().lower() == "auto":
+        if model.checkpoint_kv_cache_dtype is not None:
+            return canonical_dtype(model.checkpoint_kv_cache_dtype)
         return canonical_dtype(model.torch_dtype)
     kv_dtype_bytes(kv_cache_dtype)
     return kv_cache_dtype.strip().lower()
@@ -153,11 +184,19 @@ class KVLayout:
     num_kv_heads_per_rank: int  # 0 for MLA
     replicated: bool  # the same KV state is stored on more than one rank
     notes: tuple[str, ...] = ()
+    # bytes per token per layer beyond kv_width × dtype_bytes: a sparse-attention indexer's key,
+    # and fp8_ds_mla's scales and 16-bit rope values (module docstring)
+    extra_bytes_per_layer: int = 0
+
+    @property
+    def layer_bytes(self) -> int:
+        """One token's KV in one layer on this rank, bytes (a page of one token)."""
+        return self.kv_width * self.dtype_bytes + self.extra_bytes_per_layer
 
     @property
     def bytes_per_token(self) -> int:
         """β on this rank, bytes."""
-        return self.num_layers * self.kv_width * self.dtype_bytes
+        return self.num_layers * self.layer_bytes
 
 
 def kv_layout(num_layers: int, num_kv_heads: int, head_dim: int, *, dtype: str = "fp16",
@@ -207,8 +246,30 @@ def model_kv_layout(model: ModelConfig, kv_cache_dtype: str = "auto", tp: int = 
     latent = model.kv_latent_width if model.is_mla else None
     layout = kv_layout(model.num_kv_layers, model.num_key_value_heads, model.head_dim,
                        dtype=dtype, tp=tp, latent_width=latent, knobs=knobs)
-    note = model.attention_note
-    return replace(layout, notes=(*layout.notes, note)) if note else layout
+    notes = list(layout.notes)
+    if kv_cache_dtype.strip().lower() == "auto" and model.checkpoint_kv_cache_dtype is not None:
+        notes.append(f"KV cache in {dtype}: the checkpoint's KV quantization (vLLM resolves"
+                     " --kv-cache-dtype auto to it)")
+    extra = 0
+    if model.has_sparse_indexer:
+        if dtype.startswith("fp8"):
+            extra += _fp8_ds_mla_bytes(model) - layout.kv_width * layout.dtype_bytes
+            notes.append(f"fp8 KV: the MLA latent is vLLM's fp8_ds_mla record,"
+                         f" {_fp8_ds_mla_bytes(model)} bytes per token per layer")
+        extra += model.indexer_cache_bytes
+        notes.append(f"DeepSeek Sparse Attention: + the indexer's key, {model.indexer_cache_bytes}"
+                     f" bytes per token per layer (attention reads the top {model.index_topk:,}"
+                     " tokens it picks)")
+    if model.attention_note:
+        notes.append(model.attention_note)
+    return replace(layout, notes=tuple(notes), extra_bytes_per_layer=extra)
+
+
+def _fp8_ds_mla_bytes(model: ModelConfig) -> int:
+    """FlashMLA-sparse's fp8 record of one token's latent (module docstring): the latent in fp8,
+    one fp32 scale per 128 of it, the rope part in 16 bits (512 + 16 + 128 = 656 for DeepSeek)."""
+    rank, rope = model.kv_lora_rank or 0, model.qk_rope_head_dim or 0
+    return rank + rank // 128 * 4 + 2 * rope
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,7 +358,7 @@ def sequence_kv_bytes(model: ModelConfig, layout: KVLayout, num_tokens: int) -> 
     linear-attention layers. For a model with only full attention this is ``n · β``."""
     if not model.is_hybrid:
         return num_tokens * layout.bytes_per_token
-    per_layer = layout.kv_width * layout.dtype_bytes
+    per_layer = layout.layer_bytes
     held = model.num_layers_of(FULL_ATTENTION) * num_tokens
     if model.sliding_window is not None:
         held += model.num_layers_of(SLIDING_ATTENTION) * min(num_tokens, model.sliding_window)
@@ -324,7 +385,7 @@ def kv_cache_groups(model: ModelConfig, layout: KVLayout, block_size: int, *,
                 "kv_cache_utils.py, unify_hybrid_kv_cache_specs); drop"
                 " disable_hybrid_kv_cache_manager")
         return None
-    per_token_page = layout.kv_width * layout.dtype_bytes
+    per_token_page = layout.layer_bytes
     state = 0
     if linear:
         state = model.linear_state_bytes(layout.tp)
