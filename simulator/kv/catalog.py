@@ -246,7 +246,7 @@ _model("Nemotron-H-8B", ("nvidia/Nemotron-H-8B-Base-8K",),
        layer_types=nemotron_h_layer_types("M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"),
        mamba_num_heads=128, mamba_head_dim=64, ssm_state_size=128, n_groups=8, conv_kernel=4,
        use_conv_bias=True, mamba_ssm_cache_dtype="float32")
-# Stack-100M: the seed chapter's capstone model (L=30, H_kv=2, d_h=64, bf16). Its other widths
+# Stack-100M: a ~100M-parameter teaching-scale model (L=30, H_kv=2, d_h=64, bf16). Its other widths
 # are chosen here to give ~101M parameters: hidden 512 = 8 heads × 64, SwiGLU 1408 = 2.75 × hidden.
 _model("Stack-100M", (), 30, 8, 2, 512, 1408, 32000, "bfloat16", 2048, tie=True)
 # tiny: the model the real backend's CPU tests run end to end (fp32 so CPU torch is exact).
