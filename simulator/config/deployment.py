@@ -118,6 +118,13 @@ class Deployment:
     def describe(self) -> dict[str, Any]:
         cap = self.capacity
         describe = getattr(self.latency, "describe", None)
+        extra: dict[str, Any] = {}
+        if self.scheduler_config.engine == "trtllm":
+            from simulator.scheduler.trtllm import TRTLLM_NEWEST
+
+            extra = {"engine_version": self.scenario.engine_version or TRTLLM_NEWEST,
+                     "capacity_scheduler_policy": self.scheduler_config.capacity_scheduler_policy,
+                     "enable_chunked_prefill": self.scheduler_config.enable_chunked_prefill}
         return {
             "engine": self.scheduler_config.engine,
             "model": self.model.name,
@@ -147,6 +154,7 @@ class Deployment:
             "notes": list(cap.notes) + list(self.warnings),
             "warnings": list(self.warnings),
             "latency_model": describe() if describe else {},
+            **extra,
         }
 
 
@@ -157,8 +165,9 @@ class EngineKnobs(NamedTuple):
     max_num_batched_tokens: int
     block_size: int
     enable_prefix_caching: bool
-    gpu_memory_utilization: float  # SGLang: its mem_fraction_static
+    gpu_memory_utilization: float  # SGLang: its mem_fraction_static; TensorRT-LLM: free_gpu_memory_fraction
     engine_knobs: dict[str, Any]  # the engine's own knobs, set only where the scenario sets them
+    enable_chunked_prefill: bool = True
 
 
 def engine_defaults(scenario: Scenario, gpu: GPUSpec, max_model_len: int) -> EngineKnobs:
@@ -182,9 +191,30 @@ def engine_defaults(scenario: Scenario, gpu: GPUSpec, max_model_len: int) -> Eng
       ``static_fraction``) by GPU memory; page size 1; the radix cache on. ``max_num_seqs``
       (``max_running_requests``) follows from the pool once sized
       (:func:`simulator.scheduler.sglang.sglang_max_running_requests`): 0 here.
+    * trtllm: the defaults of the TensorRT-LLM release ``engine_version`` (the newest kvplan
+      follows when unset: :data:`simulator.scheduler.trtllm.TRTLLM_DEFAULTS`), as ``trtllm-serve``
+      starts with them, the same on every GPU: ``max_batch_size`` 2048 (kvplan's
+      ``max_num_seqs``), ``max_num_tokens`` 8192 (``max_num_batched_tokens``), ``tokens_per_block``
+      32 (``block_size``), ``free_gpu_memory_fraction`` 0.9 of the memory free after the model
+      loads (``gpu_memory_utilization``: :func:`simulator.scheduler.trtllm.trtllm_capacity`),
+      block reuse on, chunked context off, capacity scheduler GUARANTEED_NO_EVICT.
     """
     engine = scenario.engine
     knobs: dict[str, Any] = {}
+    chunked = True if scenario.enable_chunked_prefill is None else scenario.enable_chunked_prefill
+    if engine == "trtllm":
+        from simulator.scheduler.trtllm import trtllm_defaults
+        trt = trtllm_defaults(scenario.engine_version)
+        caching = (trt.enable_block_reuse if scenario.enable_prefix_caching is None
+                   else scenario.enable_prefix_caching)
+        chunked = (trt.enable_chunked_prefill if scenario.enable_chunked_prefill is None
+                   else scenario.enable_chunked_prefill)
+        knobs["capacity_scheduler_policy"] = (scenario.capacity_scheduler_policy
+                                              or trt.capacity_scheduler_policy)
+        return EngineKnobs(scenario.max_num_seqs or trt.max_batch_size,
+                           scenario.max_num_batched_tokens or trt.max_num_tokens,
+                           scenario.block_size or trt.tokens_per_block, caching,
+                           scenario.gpu_memory_utilization or trt.free_gpu_memory_fraction, knobs, chunked)
     if engine == "sglang":
         from simulator.scheduler.sglang import sglang_defaults
         sg = sglang_defaults(gpu.hbm_gib, tensor_parallel=scenario.tensor_parallel)
@@ -197,25 +227,25 @@ def engine_defaults(scenario: Scenario, gpu: GPUSpec, max_model_len: int) -> Eng
             if getattr(scenario, name) is not None:
                 knobs[name] = getattr(scenario, name)
         fraction = scenario.gpu_memory_utilization or float(sg["mem_fraction_static"])
-        return EngineKnobs(seqs, batched, block, caching, fraction, knobs)
+        return EngineKnobs(seqs, batched, block, caching, fraction, knobs, chunked)
     block = scenario.block_size or 16
     fraction = scenario.gpu_memory_utilization or 0.9  # vllm/config/cache.py default
     if engine == "vllm-v1":
         big = gpu.hbm_bytes >= 70 * GIB and "a100" not in gpu.name.lower()
         seqs = scenario.max_num_seqs or (1024 if big else 256)
         batched = scenario.max_num_batched_tokens or (8192 if big else 2048)
-        if scenario.max_num_batched_tokens is None and not scenario.enable_chunked_prefill:
+        if scenario.max_num_batched_tokens is None and not chunked:
             batched = max(max_model_len, batched)
         caching = True if scenario.enable_prefix_caching is None else scenario.enable_prefix_caching
         for name in V1_KNOBS:
             if getattr(scenario, name) is not None:
                 knobs[name] = getattr(scenario, name)
-        return EngineKnobs(seqs, batched, block, caching, fraction, knobs)
+        return EngineKnobs(seqs, batched, block, caching, fraction, knobs, chunked)
     seqs = scenario.max_num_seqs or 256
     batched = scenario.max_num_batched_tokens
     if batched is None:  # V0's defaults: 8192 with chunked prefill, else a whole prompt
-        batched = max(8192, seqs) if scenario.enable_chunked_prefill else max(max_model_len, seqs)
-    return EngineKnobs(seqs, batched, block, bool(scenario.enable_prefix_caching), fraction, knobs)
+        batched = max(8192, seqs) if chunked else max(max_model_len, seqs)
+    return EngineKnobs(seqs, batched, block, bool(scenario.enable_prefix_caching), fraction, knobs, chunked)
 
 
 def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool = False,
@@ -242,9 +272,18 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
     knobs = engine_defaults(scenario, gpu, max_model_len)
     max_seqs, batched, block_size = knobs.max_num_seqs, knobs.max_num_batched_tokens, knobs.block_size
     sglang = scenario.engine == "sglang"
+    trtllm = scenario.engine == "trtllm"
     _check_drafting_slots(scenario, batched, where)
 
     def capacity_at(tp: int, kv_cache_dtype: str) -> KVCapacity:
+        if trtllm:  # a fraction of the memory left once the model and its activations are in
+            from simulator.scheduler.trtllm import trtllm_capacity
+            return trtllm_capacity(kv_capacity(
+                model, gpu, tp=tp, kv_cache_dtype=kv_cache_dtype, quantization=scenario.quantization,
+                block_size=block_size, gpu_memory_utilization=1.0, max_num_batched_tokens=batched,
+                max_num_seqs=_trtllm_profiling_requests(batched, max_model_len),
+                max_model_len=max_model_len, knobs=SCENARIO_KEYS, hybrid_kv_cache_manager=False),
+                knobs.gpu_memory_utilization)
         return kv_capacity(
             model, gpu, tp=tp, kv_cache_dtype=kv_cache_dtype, quantization=scenario.quantization,
             block_size=block_size, gpu_memory_utilization=knobs.gpu_memory_utilization,
@@ -257,12 +296,15 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
         cap = capacity_at(scenario.tensor_parallel, scenario.kv_cache_dtype)
     except KvplanError as err:
         raise KvplanError(f"{where}: {err}") from None
+    clamped: list[str] = []
+    if trtllm:
+        max_model_len, clamped = _trtllm_max_seq_len(scenario, cap, max_model_len)
     startup = check_startup(model, gpu, cap, block_size=block_size, engine=scenario.engine,
                             max_num_batched_tokens=batched,
                             max_model_len=max_model_len,
                             num_gpu_blocks_override=scenario.num_gpu_blocks_override,
                             capacity_at=capacity_at)
-    said = startup.raise_or_warnings(where, scenario.allow_refused) + tuple(
+    said = tuple(clamped) + startup.raise_or_warnings(where, scenario.allow_refused) + tuple(
         _offload_dropped(scenario, cap))
     for warning in said:
         warn_user(f"{where}: {warning}")
@@ -278,7 +320,7 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
     try:
         sched = SchedulerConfig(
             max_num_seqs=max_seqs, max_num_batched_tokens=batched, max_model_len=max_model_len,
-            block_size=cap.block_size, enable_chunked_prefill=scenario.enable_chunked_prefill,
+            block_size=cap.block_size, enable_chunked_prefill=knobs.enable_chunked_prefill,
             enable_prefix_caching=knobs.enable_prefix_caching,
             preemption_mode=scenario.preemption_mode, swap_space_tokens=swap_tokens,
             beam_replace_prob=scenario.beam_replace_prob, seed=scenario.seed,
@@ -293,6 +335,30 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
         scenario = scenario.model_copy(update={
             "num_replicas": scenario.num_replicas * scenario.data_parallel_size})
     return Deployment(scenario, model, gpu, cap, num_blocks, sched, latency, said)
+
+
+def _trtllm_profiling_requests(max_num_tokens: int, max_seq_len: int) -> int:
+    """The dummy requests TensorRT-LLM profiles its peak memory with: prompts of
+    min(max_num_tokens, max_seq_len − 1) tokens until max_num_tokens are used
+    (``KvCacheCreator._create_dummy_context_requests``, tensorrt_llm/_torch/pyexecutor/_util.py);
+    they stand for kvplan's ``max_num_seqs`` in the activation estimate (sampling buffers)."""
+    per_request = max(1, min(max_num_tokens, max_seq_len - 1))
+    return -(-max_num_tokens // per_request)
+
+
+def _trtllm_max_seq_len(scenario: Scenario, cap: KVCapacity, max_model_len: int) -> tuple[int, list[str]]:
+    """TensorRT-LLM does not refuse to start when one ``max_seq_len`` request exceeds its KV pool:
+    it lowers the attention window to the tokens the pool holds, ``blocks × tokens_per_block``
+    (``KVCacheManager.get_max_atten_window_upper_bound``, tensorrt_llm/_torch/pyexecutor/
+    resource_manager.py), and the sequence length with it (``create_py_executor`` takes back
+    ``kv_cache_creator._max_seq_len``). kvplan runs with that max_model_len and says so."""
+    fits = cap.num_blocks * cap.block_size
+    if max_model_len <= fits or scenario.num_gpu_blocks_override:
+        return max_model_len, []
+    return fits, [f"max_model_len {max_model_len:,} exceeds the KV pool ({fits:,} tokens): "
+                  f"TensorRT-LLM lowers max_seq_len and the attention window to {fits:,} "
+                  "(resource_manager.py get_max_atten_window_upper_bound); simulated with "
+                  f"max_model_len {fits:,}"]
 
 
 def offload_blocks(scenario: Scenario, cap: KVCapacity) -> int:

@@ -10,17 +10,20 @@
     enable_expert_parallel: false  # MoE layers expert parallel over data_parallel_size × tensor_parallel
     expert_routing: {distribution: uniform}   # or {distribution: zipf, skew: 1.0}
     allocators: [paged, contiguous-max, contiguous-pow2, contiguous-oracle]
-    engine: vllm-v1                # vllm-v1 (default), vllm-v0 (the paper's), or sglang
-    # the engine's knobs, under vLLM's names (SGLang's own knobs under SGLang's names)
-    gpu_memory_utilization: 0.9    # default: 0.9 (vLLM); SGLang: its mem_fraction_static by GPU
-    block_size: 16                 # default: 16 (vLLM), 1 (SGLang's page size)
+    engine: vllm-v1                # vllm-v1 (default), vllm-v0 (the paper's), sglang, or trtllm
+    engine_version: "1.2"          # trtllm only: the TensorRT-LLM release whose defaults apply
+    # the engine's knobs, under vLLM's names (SGLang's and TensorRT-LLM's own under theirs)
+    gpu_memory_utilization: 0.9    # default: 0.9 (vLLM); SGLang: its mem_fraction_static by GPU;
+                                   # TensorRT-LLM: free_gpu_memory_fraction (of the memory left)
+    block_size: 16                 # default: 16 (vLLM), 1 (SGLang's page size), 32 (TensorRT-LLM)
     max_model_len: 8192
     max_model_len_policy: reject   # or truncate: cut the output at the window
     kv_cache_dtype: auto
     quantization: auto             # vLLM's --quantization: auto (the checkpoint's), none, fp8, awq...
     max_num_seqs: 256              # default: the engine's for the GPU (vLLM V1: 1024 on H100)
     max_num_batched_tokens: 8192
-    enable_chunked_prefill: true
+    enable_chunked_prefill: true   # default: true (vLLM, SGLang), false (TensorRT-LLM)
+    capacity_scheduler_policy: GUARANTEED_NO_EVICT   # trtllm only; or MAX_UTILIZATION
     enable_prefix_caching: false   # default: true for vllm-v1 and sglang, false for vllm-v0
     swap_space: 4                  # GiB of CPU memory per GPU for swapped-out KV
     kv_offload: {size_gib: 64}     # a CPU tier below HBM's prefix cache (vLLM's OffloadingConnector)
@@ -48,7 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from simulator.errors import KvplanError, ScenarioError, did_you_mean
 from simulator.kv.quantization import canonical_quantization
 from simulator.scheduler.router import POLICIES, SCORERS, RouterConfig
-from simulator.scheduler.config import ENGINES, EngineName
+from simulator.scheduler.config import CAPACITY_SCHEDULER_POLICIES, ENGINES, EngineName
 from simulator.yamlfile import read_yaml
 from workloads.spec import WorkloadSpec, format_validation_error, no_bool_for_number
 
@@ -56,6 +59,9 @@ V1_KNOBS = ("long_prefill_token_threshold", "max_num_partial_prefills", "schedul
             "watermark")
 SGLANG_KNOBS = ("schedule_policy", "radix_eviction_policy", "max_prefill_tokens",
                 "schedule_conservativeness")
+TRTLLM_KNOBS = ("capacity_scheduler_policy", "engine_version")
+# engines that run their own block or token pool: allocator paged only
+POOL_ENGINES = ("sglang", "trtllm")
 ALLOCATORS: tuple[str, ...] = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
 ALLOCATOR_ALIASES = {"max": "contiguous-max", "pow2": "contiguous-pow2", "oracle": "contiguous-oracle"}
 
@@ -305,6 +311,10 @@ class Scenario(_Spec):
     # the serving engine whose scheduling and KV policy decide (simulator/scheduler/__init__.py);
     # `simulate` also takes a list, and runs every engine on the same requests side by side
     engine: EngineName | tuple[EngineName, ...] = "vllm-v1"
+    # TensorRT-LLM only: the release whose defaults fill the knobs left unset (simulator/scheduler/
+    # trtllm.py TRTLLM_DEFAULTS: 1.0, 1.2; a patch release or rc reads as its release); None = the
+    # newest kvplan follows
+    engine_version: str | None = None
     # share of HBM for the engine (vLLM); SGLang's mem_fraction_static. None = the engine's
     # default: 0.9 (vLLM), SGLang's by GPU memory
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | None = None
@@ -320,7 +330,8 @@ class Scenario(_Spec):
     # None = the engine's default for the GPU (simulator/config/deployment.py engine_defaults)
     max_num_seqs: Annotated[int, Field(ge=1, le=65536)] | None = None
     max_num_batched_tokens: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
-    enable_chunked_prefill: bool = True
+    # None = the engine's default: on for vLLM and SGLang, off for TensorRT-LLM (BaseLlmArgs)
+    enable_chunked_prefill: bool | None = None
     enable_prefix_caching: bool | None = None
     # vLLM V1 only (vllm/config/scheduler.py); None = vLLM's default
     long_prefill_token_threshold: Annotated[int, Field(ge=0, le=10_000_000)] | None = None
@@ -332,6 +343,9 @@ class Scenario(_Spec):
     radix_eviction_policy: Literal["lru", "lfu"] | None = None
     max_prefill_tokens: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
     schedule_conservativeness: Annotated[float, Field(gt=0, le=100)] | None = None
+    # TensorRT-LLM only (SchedulerConfig.capacity_scheduler_policy, tensorrt_llm/llmapi/llm_args.py);
+    # None = the release's default (GUARANTEED_NO_EVICT)
+    capacity_scheduler_policy: Literal["GUARANTEED_NO_EVICT", "MAX_UTILIZATION"] | None = None
     swap_space: Annotated[float, Field(ge=0, le=4096)] = 4.0
     preemption_mode: Literal["recompute", "swap"] = "recompute"
     num_gpu_blocks_override: Annotated[int, Field(ge=1)] | None = None
@@ -371,8 +385,8 @@ class Scenario(_Spec):
         return (self.engine,) if isinstance(self.engine, str) else self.engine
 
     def allocators_of(self, engine: str) -> tuple[str, ...]:
-        """The allocators ``engine`` runs: SGLang only its own token pool (``paged``)."""
-        return ("paged",) if engine == "sglang" else self.allocators
+        """The allocators ``engine`` runs: SGLang and TensorRT-LLM only their own pool (``paged``)."""
+        return ("paged",) if engine in POOL_ENGINES else self.allocators
 
     def for_engine(self, engine: str) -> Scenario:
         """This scenario with ``engine`` alone (and the allocators it runs)."""
@@ -382,7 +396,8 @@ class Scenario(_Spec):
     def _engine_knobs(self) -> Scenario:
         """A knob of an engine not listed, or a policy the engine does not have, is an error."""
         engines = self.engines
-        owner = {name: "vllm-v1" for name in V1_KNOBS} | {name: "sglang" for name in SGLANG_KNOBS}
+        owner = ({name: "vllm-v1" for name in V1_KNOBS} | {name: "sglang" for name in SGLANG_KNOBS}
+                 | {name: "trtllm" for name in TRTLLM_KNOBS})
         for name, engine in owner.items():
             if getattr(self, name) is not None and engine not in engines:
                 raise ValueError(f"{name} is a knob of engine {engine}; this scenario's engine "
@@ -390,11 +405,14 @@ class Scenario(_Spec):
         others = [e for e in engines if e != "vllm-v0"]
         if others and self.preemption_mode == "swap":
             # vllm/v1/core/sched/scheduler.py (_preempt_request): V1 frees and recomputes;
-            # SGLang retracts (python/sglang/srt/managers/schedule_batch.py retract_decode)
+            # SGLang retracts (python/sglang/srt/managers/schedule_batch.py retract_decode);
+            # TensorRT-LLM pauses (LlmRequest::pause: generated tokens into the prompt)
             raise ValueError(f"preemption_mode swap: engine {others[0]} preempts by "
                              "recompute only (swap is engine vllm-v0's)")
-        if "sglang" in engines and "paged" not in self.allocators:
-            raise ValueError("engine sglang runs its own token pool, allocator paged: list it")
+        for pool in POOL_ENGINES:
+            if pool in engines and "paged" not in self.allocators:
+                what = "token pool" if pool == "sglang" else "block pool"
+                raise ValueError(f"engine {pool} runs its own {what}, allocator paged: list it")
         if self.disaggregation is not None:
             if engines != ("vllm-v1",):
                 raise ValueError(f"disaggregation: engine vllm-v1 only, not {', '.join(engines)}")
@@ -404,10 +422,34 @@ class Scenario(_Spec):
             if self.num_replicas != 1:
                 raise ValueError("disaggregation: give replicas under disaggregation.prefill and "
                                  f".decode, not num_replicas ({self.num_replicas})")
-        if engines == ("sglang",) and self.allocators != ("paged",):
-            raise ValueError("engine sglang manages its own token pool: allocators must be "
+        if len(engines) == 1 and engines[0] in POOL_ENGINES and self.allocators != ("paged",):
+            raise ValueError(f"engine {engines[0]} manages its own pool: allocators must be "
                              "[paged] (compare contiguous reservation under engine vllm-v0)")
         return self
+
+    @field_validator("engine_version")
+    @classmethod
+    def _engine_version(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from simulator.scheduler.trtllm import trtllm_version
+
+        trtllm_version(str(value))  # a ValueError names the releases kvplan knows
+        return str(value)
+
+    @field_validator("engine_version", mode="before")
+    @classmethod
+    def _version_text(cls, value: object) -> object:
+        """``engine_version: 1.2`` (a YAML number) is the release 1.2, not an error."""
+        return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+    @field_validator("capacity_scheduler_policy", mode="before")
+    @classmethod
+    def _policy_name(cls, value: object) -> object:
+        """TensorRT-LLM's names, in any case (``max_utilization``)."""
+        if isinstance(value, str) and value.upper() in CAPACITY_SCHEDULER_POLICIES:
+            return value.upper()
+        return value
 
     @model_validator(mode="after")
     def _data_parallel(self) -> Scenario:
@@ -434,8 +476,9 @@ class Scenario(_Spec):
         """The tier stores prefix-cache block hashes, under vLLM's schedulers only."""
         if self.kv_offload is None:
             return self
-        if "sglang" in self.engines:
-            raise ValueError("kv_offload is modelled for vLLM engines (vllm-v1, vllm-v0), not sglang")
+        for engine in POOL_ENGINES:
+            if engine in self.engines:
+                raise ValueError(f"kv_offload is modelled for vLLM engines (vllm-v1, vllm-v0), not {engine}")
         if self.enable_prefix_caching is False or (
                 self.enable_prefix_caching is None and "vllm-v0" in self.engines):
             raise ValueError("kv_offload needs enable_prefix_caching: true (its blocks are the "

@@ -8,7 +8,9 @@ and the engine's quiet-run protocol, so the simulator and the real backend run a
   with speculative decoding in :mod:`simulator.scheduler.spec`;
 * ``vllm-v0`` (:mod:`simulator.scheduler.core`): the PagedAttention paper's engine (vLLM V0);
 * ``sglang`` (:mod:`simulator.scheduler.sglang`): SGLang's scheduler over a token pool with a
-  radix prefix cache.
+  radix prefix cache;
+* ``trtllm`` (:mod:`simulator.scheduler.trtllm`): TensorRT-LLM's PyTorch backend, a capacity
+  scheduler (GUARANTEED_NO_EVICT or MAX_UTILIZATION) then a micro-batch scheduler.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ def make_scheduler(allocator: KVAllocator, config: SchedulerConfig, *, detail: b
     if config.engine == "sglang":
         from simulator.scheduler.sglang import SGLangScheduler
         return SGLangScheduler(allocator, config, detail=detail, keep_groups=keep_groups)  # type: ignore[return-value]
+    if config.engine == "trtllm":
+        from simulator.scheduler.trtllm import TRTLLMScheduler
+        return TRTLLMScheduler(allocator, config, detail=detail, keep_groups=keep_groups)
     raise ValueError(f"unknown engine {config.engine!r} (known: {', '.join(ENGINES)})")
 
 

@@ -1,4 +1,4 @@
-"""Scheduler knobs, named as vLLM names them."""
+"""Scheduler knobs, named as vLLM names them (each engine's own knobs under that engine's names)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 PreemptionMode = Literal["recompute", "swap"]
-EngineName = Literal["vllm-v1", "vllm-v0", "sglang"]
-ENGINES: tuple[str, ...] = ("vllm-v1", "vllm-v0", "sglang")
+EngineName = Literal["vllm-v1", "vllm-v0", "sglang", "trtllm"]
+ENGINES: tuple[str, ...] = ("vllm-v1", "vllm-v0", "sglang", "trtllm")
+# TensorRT-LLM's capacity scheduler policies that kvplan simulates (tensorrt_llm/llmapi/llm_args.py
+# CapacitySchedulerPolicy; STATIC_BATCH is not simulated)
+CapacitySchedulerPolicy = Literal["GUARANTEED_NO_EVICT", "MAX_UTILIZATION"]
+CAPACITY_SCHEDULER_POLICIES: tuple[str, ...] = ("GUARANTEED_NO_EVICT", "MAX_UTILIZATION")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +53,9 @@ class SchedulerConfig:
     new_token_ratio_decay_steps: int = 600  # decode steps from start to floor
     retract_decode_steps: int = 20  # tokens per request a retraction frees / re-estimates for
     clip_max_new_tokens: int = 4096  # cap of one request's future tokens in the reserve
+    # TensorRT-LLM only (simulator/scheduler/trtllm.py): SchedulerConfig.capacity_scheduler_policy
+    # (tensorrt_llm/llmapi/llm_args.py), GUARANTEED_NO_EVICT by default
+    capacity_scheduler_policy: CapacitySchedulerPolicy = "GUARANTEED_NO_EVICT"
     # speculative decoding (vllm-v1 only: simulator/scheduler/spec.py); 0 drafts: off
     num_speculative_tokens: int = 0  # k: drafts verified per decoding sequence and step
     # P(draft i accepted | drafts 1..i-1 accepted), one per position (length k)
@@ -60,13 +67,15 @@ class SchedulerConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        vllm = self.engine != "sglang"  # SGLang decodes outside the prefill budget (sglang.py)
-        if vllm and self.max_num_batched_tokens < self.max_num_seqs:
+        one_budget = self.engine != "sglang"  # SGLang decodes outside the prefill budget (sglang.py)
+        if one_budget and self.max_num_batched_tokens < self.max_num_seqs:
             # every running sequence decodes one token per step; the budget must hold them all
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                 f"max_num_seqs ({self.max_num_seqs})"
             )
+        # TensorRT-LLM refuses a longer prompt at arrival instead (simulator/scheduler/trtllm.py)
+        vllm = self.engine in ("vllm-v1", "vllm-v0")
         if vllm and not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) "
@@ -78,6 +87,16 @@ class SchedulerConfig:
             raise ValueError("swap_space_tokens must be >= 0")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        trtllm_chunks = self.engine == "trtllm" and self.enable_chunked_prefill
+        if trtllm_chunks and self.max_num_batched_tokens < self.block_size:
+            # a cut context chunk is a multiple of tokens_per_block (microBatchScheduler.cpp): a
+            # smaller budget could never chunk a prompt
+            raise ValueError(f"with chunked context max_num_batched_tokens ({self.max_num_batched_tokens}) "
+                             f"must be >= block_size ({self.block_size}) for engine trtllm")
+        if self.capacity_scheduler_policy not in CAPACITY_SCHEDULER_POLICIES:
+            raise ValueError(f"capacity_scheduler_policy must be one of "
+                             f"{', '.join(CAPACITY_SCHEDULER_POLICIES)}, "
+                             f"got {self.capacity_scheduler_policy!r}")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.long_prefill_token_threshold < 0:

@@ -19,6 +19,13 @@ from simulator.commands.export.flags import (
     SGLANG_KV_CACHE_DTYPES,
     SGLANG_RADIX_EVICTION_POLICIES,
     SGLANG_SCHEDULE_POLICIES,
+    TRTLLM_BACKENDS,
+    TRTLLM_CAPACITY_SCHEDULER_POLICIES,
+    TRTLLM_CONTEXT_CHUNKING_POLICIES,
+    TRTLLM_KV_CACHE_CONFIG_KEYS,
+    TRTLLM_SCHEDULER_CONFIG_KEYS,
+    TRTLLM_SERVE_BOOL_FLAGS,
+    TRTLLM_SERVE_FLAGS,
     VLLM_BENCH_DATASETS,
     VLLM_BENCH_FLAGS,
     VLLM_SERVE_BOOL_FLAGS,
@@ -42,10 +49,12 @@ def _commands(script: str) -> list[tuple[dict[str, str], list[str], dict[str, li
             key, _, value = words.pop(0).partition("=")
             env[key] = value
         lead = PROGRAMS.get(tuple(words[:2]))  # type: ignore[arg-type]
+        if words[:1] == ["trtllm-serve"]:  # one word, then the positional model
+            lead = 1
         if lead is None:
             continue
         program, rest = words[:lead], words[lead:]
-        if program[0] == "vllm" and program[1] == "serve":  # the positional model
+        if program == ["vllm", "serve"] or program == ["trtllm-serve"]:  # the positional model
             program.append(rest.pop(0))
         flags: dict[str, list[str]] = {}
         while rest:
@@ -246,7 +255,7 @@ def test_run_dir_gives_the_commands_of_its_scenario(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--engine", "vllm-v2"], "unknown engine 'vllm-v2' (known: vllm-v1, vllm-v0, sglang)"),
+    (["--engine", "vllm-v2"], "unknown engine 'vllm-v2' (known: vllm-v1, vllm-v0, sglang, trtllm)"),
     (["--allocator", "max"], "allocator max: contiguous reservation"),
 ])
 def test_bad_options_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -289,3 +298,67 @@ def test_expert_parallel_deployment_is_one_server_of_dp_engines(tmp_path: Path) 
     assert flags["--data-parallel-size"] == ["8"] and "--enable-expert-parallel" in flags
     serve = (out / "serve.sh").read_text(encoding="utf-8")
     assert "on 16 x H200-141GB" in serve and "run 2 such servers" in serve
+
+
+# ----------------------------------------------------------------------------- TensorRT-LLM
+def _trtllm(tmp_path: Path, **overrides: object) -> tuple[list[str], dict[str, list[str]], list[str], dict]:
+    """Export a TensorRT-LLM plan: trtllm-serve's words and flags (every flag checked against
+    serve.py's options, a flag option given no value), the script's comment lines and the
+    --extra_llm_api_options YAML (every key one of KvCacheConfig's / SchedulerConfig's)."""
+    out = _export(tmp_path, _scenario(tmp_path, engine="trtllm", **overrides))
+    script = (out / "serve.sh").read_text(encoding="utf-8")
+    (env, program, flags), = _commands(script)
+    assert env == {} and [f for f in flags if f not in TRTLLM_SERVE_FLAGS] == []
+    for flag, values in flags.items():
+        assert (values == []) == (flag in TRTLLM_SERVE_BOOL_FLAGS), flag
+    assert 'cd "$(dirname "$0")"' in script  # the YAML path is relative to the script
+    config = yaml.safe_load((out / flags["--extra_llm_api_options"][0]).read_text(encoding="utf-8"))
+    assert set(config) <= {"kv_cache_config", "scheduler_config"}
+    assert set(config["kv_cache_config"]) <= TRTLLM_KV_CACHE_CONFIG_KEYS
+    assert set(config["scheduler_config"]) <= TRTLLM_SCHEDULER_CONFIG_KEYS
+    assert config["scheduler_config"]["capacity_scheduler_policy"] in TRTLLM_CAPACITY_SCHEDULER_POLICIES
+    comments = [line for line in script.splitlines() if line.startswith("# ")]
+    return program, flags, comments, config
+
+
+def test_trtllm_serve_with_its_defaults(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``trtllm-serve MODEL`` (serve.py's default command) with the knobs kvplan resolved for
+    TensorRT-LLM 1.2: max_batch_size 2048, max_num_tokens 8192, free fraction 0.9 on the command
+    line; tokens_per_block 32, block reuse and GUARANTEED_NO_EVICT in the YAML, which repeats the
+    fraction (it replaces the server's kv_cache_config as a whole)."""
+    program, flags, comments, config = _trtllm(tmp_path)
+    assert program == ["trtllm-serve", "meta-llama/Llama-3.1-8B"]
+    assert flags["--backend"] == ["pytorch"] and flags["--backend"][0] in TRTLLM_BACKENDS
+    assert flags["--max_batch_size"] == ["2048"] and flags["--max_num_tokens"] == ["8192"]
+    assert flags["--max_seq_len"] == ["8192"] and flags["--tp_size"] == ["1"]
+    assert flags["--kv_cache_free_gpu_memory_fraction"] == ["0.9"] and flags["--port"] == ["8000"]
+    assert "--enable_chunked_prefill" not in flags  # off by default in TensorRT-LLM
+    assert config == {"kv_cache_config": {"free_gpu_memory_fraction": 0.9, "tokens_per_block": 32,
+                                          "enable_block_reuse": True, "dtype": "auto"},
+                      "scheduler_config": {"capacity_scheduler_policy": "GUARANTEED_NO_EVICT"}}
+    assert any("overlap scheduler" in line for line in comments)
+    printed = capsys.readouterr().out
+    assert "trtllm-serve meta-llama/Llama-3.1-8B" in printed and "# trtllm-config.yaml" in printed
+
+
+def test_trtllm_serve_carries_the_scenario_knobs(tmp_path: Path) -> None:
+    program, flags, _, config = _trtllm(
+        tmp_path, capacity_scheduler_policy="MAX_UTILIZATION", enable_chunked_prefill=True,
+        max_num_seqs=64, max_num_batched_tokens=2048, block_size=64, gpu_memory_utilization=0.85,
+        kv_cache_dtype="fp8", enable_prefix_caching=False, tensor_parallel=2,
+        num_gpu_blocks_override=1000, engine_version="1.0")
+    assert flags["--enable_chunked_prefill"] == [] and flags["--tp_size"] == ["2"]
+    assert flags["--max_batch_size"] == ["64"] and flags["--max_num_tokens"] == ["2048"]
+    assert flags["--kv_cache_free_gpu_memory_fraction"] == ["0.85"]
+    assert config["kv_cache_config"] == {"free_gpu_memory_fraction": 0.85, "tokens_per_block": 64,
+                                         "enable_block_reuse": False, "dtype": "fp8", "max_tokens": 64000}
+    assert config["scheduler_config"] == {"capacity_scheduler_policy": "MAX_UTILIZATION",
+                                          "context_chunking_policy": "FIRST_COME_FIRST_SERVED"}
+    assert config["scheduler_config"]["context_chunking_policy"] in TRTLLM_CONTEXT_CHUNKING_POLICIES
+
+
+def test_trtllm_export_of_a_vllm_plan_says_it_was_not_simulated(tmp_path: Path) -> None:
+    out = _export(tmp_path, _scenario(tmp_path), "--engine", "trtllm")
+    script = (out / "serve.sh").read_text(encoding="utf-8")
+    assert "the trtllm plan was not simulated" in script and "trtllm-serve" in script
+    assert (out / "trtllm-config.yaml").is_file()

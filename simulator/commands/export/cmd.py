@@ -5,11 +5,14 @@ Examples::
     kvplan export scenarios/chat.yaml                    # into runs/chat-export/
     kvplan export runs/chat                              # a run folder: the scenario it ran, into runs/chat-export/
     kvplan export scenarios/engines.yaml --engine sglang
+    kvplan export scenarios/chat.yaml --engine trtllm
 
 Writes three files (and prints the two scripts):
 
-* ``serve.sh`` — ``vllm serve MODEL ...`` (engines vllm-v1, vllm-v0) or ``python -m
-  sglang.launch_server --model-path MODEL ...`` (engine sglang) with every knob the simulation
+* ``serve.sh`` — ``vllm serve MODEL ...`` (engines vllm-v1, vllm-v0), ``python -m
+  sglang.launch_server --model-path MODEL ...`` (engine sglang) or ``trtllm-serve MODEL ...``
+  (engine trtllm, with the LLM API options it has no flag for in a fourth file,
+  ``trtllm-config.yaml``, given to ``--extra_llm_api_options``) with every knob the simulation
   resolved: the engine defaults kvplan filled in are written out, not left to the server, so a
   later release that changes a default does not change the point. A knob kvplan models but the
   server cannot be told is a ``#`` comment that says so.
@@ -57,14 +60,17 @@ URL = f"http://127.0.0.1:{PORT}"
 # src/guidellm/data/deserializers/trace_mooncake.py MooncakeTraceFormatArgs.hash_id_block_size).
 UNSHARED_BLOCK_TOKENS = 512
 EXPORT_FILES = ("serve.sh", "bench.sh", "trace.jsonl")
+TRTLLM_CONFIG = "trtllm-config.yaml"  # trtllm-serve --extra_llm_api_options (engine trtllm)
 RESULTS_DIR = "results"
 
 
 def add_parser(subparsers: Any) -> None:
     """Add the ``export`` subcommand to an ``argparse`` subparsers object."""
     p = subparsers.add_parser(
-        "export", help="the vllm serve / SGLang launch and benchmark commands that reproduce a plan",
-        description="Write the server command (vllm serve, or SGLang's launch_server) with every "
+        "export", help="the vllm serve / SGLang / trtllm-serve launch and benchmark commands that "
+                       "reproduce a plan",
+        description="Write the server command (vllm serve, SGLang's launch_server or trtllm-serve) "
+                    "with every "
                     "knob the simulation assumed, the trace it replayed, and the vllm bench serve "
                     "and GuideLLM commands that send that load.")
     p.add_argument("source", metavar="SCENARIO|RUN_DIR",
@@ -72,7 +78,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--allocator", default="paged",
                    help="the simulated allocator to reproduce (default paged: the only one a "
                         "serving engine runs)")
-    p.add_argument("--engine", help="vllm-v1, vllm-v0 or sglang (default: the scenario's)")
+    p.add_argument("--engine", help="vllm-v1, vllm-v0, sglang or trtllm (default: the scenario's)")
     p.add_argument("--out", help="output folder (default: RUN_DIR-export beside the run folder, or "
                                  "runs/<scenario name>-export)")
     from simulator.report.outputs import add_replace_arg
@@ -128,10 +134,13 @@ class Export:
     benches: dict[str, Command]
     rows: list[dict[str, Any]]
     header: list[str] = field(default_factory=list)
+    # further files the server command reads, by name (trtllm-config.yaml): written beside serve.sh
+    files: dict[str, str] = field(default_factory=dict)
 
     def serve_script(self) -> str:
         head = "\n".join(f"# {line}" for line in self.header)
-        return f"#!/bin/sh\n{head}\n{self.serve.render()}\n"
+        cd = 'cd "$(dirname "$0")"\n' if self.files else ""  # the files are beside the script
+        return f"#!/bin/sh\n{head}\n{cd}{self.serve.render()}\n"
 
     def bench_script(self) -> str:
         names = "|".join(self.benches)
@@ -168,11 +177,16 @@ def run(args: argparse.Namespace) -> int:
                      replace=args.replace) as folder:
         (folder.staging / "serve.sh").write_text(exported.serve_script(), encoding="utf-8")
         (folder.staging / "bench.sh").write_text(exported.bench_script(), encoding="utf-8")
+        for name, text in exported.files.items():
+            (folder.staging / name).write_text(text, encoding="utf-8")
         with open(folder.staging / "trace.jsonl", "w", encoding="utf-8") as f:
             f.writelines(json.dumps(row, separators=(",", ":")) + "\n" for row in exported.rows)
     print(exported.serve_script())
+    for name, text in exported.files.items():
+        print(f"# {name}\n{text}")
     print(exported.bench_script())
-    print(f"kvplan export: wrote {out}/serve.sh, bench.sh and trace.jsonl "
+    more = "".join(f", {name}" for name in exported.files)
+    print(f"kvplan export: wrote {out}/serve.sh, bench.sh{more} and trace.jsonl "
           f"({len(exported.rows):,} requests)")
     return 0
 
@@ -261,8 +275,13 @@ def build_export(scenario: Scenario, base_dir: Path, *, engine: str | None = Non
     clients = client_policy(scenario, len(requests))
     block = _block_tokens(requests, where)
     model = _model_id(scenario, dep, base_dir)
-    serve = (_sglang_serve(scenario, dep, model, fraction) if engine == "sglang"
-             else _vllm_serve(scenario, dep, model, fraction))
+    files: dict[str, str] = {}
+    if engine == "sglang":
+        serve = _sglang_serve(scenario, dep, model, fraction)
+    elif engine == "trtllm":
+        serve, files[TRTLLM_CONFIG] = _trtllm_serve(scenario, dep, model, fraction)
+    else:
+        serve = _vllm_serve(scenario, dep, model, fraction)
     notes = _common_notes(scenario, fit.num_rejected, fit.num_truncated)
     benches = {"vllm": _vllm_bench(scenario, model, len(requests), block, clients, notes),
                "guidellm": _guidellm_replay(scenario, model, len(requests), block, clients,
@@ -271,8 +290,12 @@ def build_export(scenario: Scenario, base_dir: Path, *, engine: str | None = Non
     span = requests[-1].arrival_s - requests[0].arrival_s if requests else 0.0
     rate = f"{(len(requests) - 1) / span:.3f} req/s on average" if span > 0 else "all at t = 0"
     gpus = scenario.tensor_parallel * scenario.data_parallel_size * scenario.num_replicas
+    release = ""
+    if engine == "trtllm":  # whose defaults the knobs are (simulator/scheduler/trtllm.py)
+        from simulator.scheduler.trtllm import TRTLLM_NEWEST, trtllm_version
+        release = f" (TensorRT-LLM {trtllm_version(scenario.engine_version or TRTLLM_NEWEST)}'s defaults)"
     header = [
-        f"kvplan export: scenario {scenario.name}, engine {engine}, allocator paged",
+        f"kvplan export: scenario {scenario.name}, engine {engine}{release}, allocator paged",
         f"{dep.model.name} on {gpus} x {dep.gpu.name} (tensor parallel {scenario.tensor_parallel}"
         + (f", data parallel {scenario.data_parallel_size}" if scenario.data_parallel_size > 1 else "")
         + f", {scenario.num_replicas} replica(s)); KV pool per engine: {dep.num_blocks:,} blocks "
@@ -280,7 +303,7 @@ def build_export(scenario: Scenario, base_dir: Path, *, engine: str | None = Non
         f"load: {len(requests):,} requests from trace.jsonl, {rate}",
         *(f"NOTE: {note}" for note in unsimulated),
     ]
-    return Export(serve, benches, trace_rows(requests, block), header)
+    return Export(serve, benches, trace_rows(requests, block), header, files)
 
 
 def unsimulated_note(engine: str, simulated: Sequence[str], where: str) -> str:
@@ -452,6 +475,69 @@ def _sglang_serve(scenario: Scenario, dep: Deployment, model: str, fraction: flo
     notes.append("SGLang's overlap scheduler (on by default) is not modelled by kvplan; "
                  "--disable-overlap-schedule brings the server closer to the simulated one")
     return Command(tuple(argv), (), tuple(notes))
+
+
+def _trtllm_serve(scenario: Scenario, dep: Deployment, model: str, fraction: float) -> tuple[Command, str]:
+    """``trtllm-serve MODEL`` (the PyTorch backend) and the ``--extra_llm_api_options`` YAML it
+    reads. Flags: tensorrt_llm/commands/serve.py (``serve``, ``trtllm-serve``'s default command:
+    MODEL, --backend, --port, --tp_size, --max_batch_size, --max_num_tokens, --max_seq_len,
+    --kv_cache_free_gpu_memory_fraction, --enable_chunked_prefill, --extra_llm_api_options). The
+    YAML holds what has no flag: KvCacheConfig's tokens_per_block, enable_block_reuse, dtype and
+    max_tokens, SchedulerConfig's capacity_scheduler_policy (``get_llm_args`` hard-wires
+    GUARANTEED_NO_EVICT). The YAML replaces a whole ``kv_cache_config`` / ``scheduler_config``
+    (tensorrt_llm/llmapi/llm_utils.py ``update_llm_args_with_extra_dict`` builds each from its
+    mapping alone), so it repeats free_gpu_memory_fraction."""
+    from simulator.kv.model_config import canonical_dtype
+    from simulator.kv.sizing import resolve_kv_dtype
+
+    sched = dep.scheduler_config
+    argv = ["trtllm-serve", model,
+            "--backend", "pytorch",
+            "--port", str(PORT),                                           # serve.py default 8000
+            "--tp_size", str(scenario.tensor_parallel),
+            "--max_batch_size", str(sched.max_num_seqs),
+            "--max_num_tokens", str(sched.max_num_batched_tokens),
+            "--max_seq_len", str(sched.max_model_len),
+            "--kv_cache_free_gpu_memory_fraction", _number(fraction)]
+    if sched.enable_chunked_prefill:
+        argv.append("--enable_chunked_prefill")
+    argv += ["--extra_llm_api_options", TRTLLM_CONFIG]
+    notes: list[str] = []
+    stored = resolve_kv_dtype(dep.model, scenario.kv_cache_dtype.strip().lower())
+    dtype = "auto"
+    if stored in ("fp8", "fp8_e4m3"):
+        dtype = "fp8"
+    elif (scenario.kv_cache_dtype.strip().lower() != "auto"
+          and stored != canonical_dtype(dep.model.torch_dtype)):
+        notes.append(f"kv_cache_dtype {stored}: kvplan sized the KV cache in {stored}; TensorRT-LLM's "
+                     "KvCacheConfig.dtype takes auto or fp8 here: its pool differs")
+    fmt = dep.capacity.weight_format
+    if fmt.origin in ("online", "what-if"):
+        notes.append(f"weights: kvplan sized {fmt.quantization} weights of an unquantized checkpoint; "
+                     f"TensorRT-LLM reads the checkpoint's quantization: serve a {fmt.quantization} "
+                     f"checkpoint of {dep.model.name}")
+    elif fmt.origin == "unquantized" and dep.model.quantization is not None:
+        notes.append(f"weights: kvplan sized them in {fmt.model_dtype} (quantization: none); the "
+                     f"checkpoint is {dep.model.quantization.method}: serve an unquantized one")
+    if scenario.num_replicas > 1:
+        notes.append(f"num_replicas {scenario.num_replicas}: run {scenario.num_replicas} such servers "
+                     f"behind a router (kvplan routed by {scenario.router.policy})")
+    notes.append("TensorRT-LLM's overlap scheduler (on by default) is not modelled by kvplan; "
+                 "disable_overlap_scheduler: true in the YAML brings the server closer to the simulated one")
+    kv = {"free_gpu_memory_fraction": float(_number(fraction)), "tokens_per_block": sched.block_size,
+          "enable_block_reuse": sched.enable_prefix_caching, "dtype": dtype}
+    if scenario.num_gpu_blocks_override is not None:
+        kv["max_tokens"] = scenario.num_gpu_blocks_override * sched.block_size
+    scheduler: dict[str, Any] = {"capacity_scheduler_policy": sched.capacity_scheduler_policy}
+    if sched.enable_chunked_prefill:  # py_executor_creator.py: the default when none is given
+        scheduler["context_chunking_policy"] = "FIRST_COME_FIRST_SERVED"
+    import yaml
+
+    text = ("# kvplan export: TensorRT-LLM LLM API options trtllm-serve has no flag for "
+            "(--extra_llm_api_options)\n"
+            "# kv_cache_config and scheduler_config replace the server's as a whole\n"
+            + yaml.safe_dump({"kv_cache_config": kv, "scheduler_config": scheduler}, sort_keys=False))
+    return Command(tuple(argv), (), tuple(notes)), text
 
 
 # --- the load ---------------------------------------------------------------------------------

@@ -157,3 +157,47 @@ GUIDELLM_KINDS: dict[str, dict[str, frozenset[str]]] = {
     "--output": {"json": frozenset({"kind", "path"}), "yaml": frozenset({"kind", "path"})},
     "--seed": {"static": frozenset({"kind", "value"})},
 }
+
+# NVIDIA/TensorRT-LLM @ 00209af149e7774406881a37283dce303571eb11, tensorrt_llm/commands/serve.py:
+# the click options of ``serve``, the default command of ``trtllm-serve`` (``DefaultGroup``: a
+# first argument that names no subcommand runs ``serve``), whose one argument is MODEL. Aliases
+# as declared (``--tensor_parallel_size`` / ``--tp_size``, ``--free_gpu_memory_fraction`` /
+# ``--kv_cache_free_gpu_memory_fraction``, ``--config`` / ``--extra_llm_api_options``).
+TRTLLM_SERVE_FLAGS: frozenset[str] = frozenset({
+    "--tokenizer", "--custom_tokenizer", "--host", "--port", "--backend", "--custom_module_dirs",
+    "--log_level", "--max_beam_width", "--max_batch_size", "--max_num_tokens", "--max_seq_len",
+    "--tensor_parallel_size", "--tp_size", "--pipeline_parallel_size", "--pp_size",
+    "--context_parallel_size", "--cp_size", "--moe_expert_parallel_size", "--ep_size",
+    "--moe_cluster_parallel_size", "--cluster_size", "--gpus_per_node",
+    "--free_gpu_memory_fraction", "--kv_cache_free_gpu_memory_fraction",
+    "--num_postprocess_workers", "--trust_remote_code", "--revision", "--config",
+    "--extra_llm_api_options", "--reasoning_parser", "--tool_parser",
+    "--metadata_server_config_file", "--server_role", "--fail_fast_on_attention_window_too_large",
+    "--otlp_traces_endpoint", "--disagg_cluster_uri", "--enable_chunked_prefill",
+    "--media_io_kwargs", "--chat_template",
+})
+# serve.py @ 00209af1: the options that are flags (is_flag=True: no value)
+TRTLLM_SERVE_BOOL_FLAGS: frozenset[str] = frozenset({
+    "--trust_remote_code", "--fail_fast_on_attention_window_too_large", "--enable_chunked_prefill",
+})
+TRTLLM_BACKENDS: frozenset[str] = frozenset({"pytorch", "tensorrt", "trt", "_autodeploy"})
+# tensorrt_llm/llmapi/llm_args.py (a version the source index stores; its text search names no
+# commit): the fields of KvCacheConfig and SchedulerConfig, which a --extra_llm_api_options YAML
+# sets by name (tensorrt_llm/llmapi/llm_utils.py update_llm_args_with_extra_dict builds each from
+# the YAML's mapping), and the CapacitySchedulerPolicy and ContextChunkingPolicy values.
+TRTLLM_KV_CACHE_CONFIG_KEYS: frozenset[str] = frozenset({
+    "enable_block_reuse", "max_tokens", "max_attention_window", "sink_token_length",
+    "free_gpu_memory_fraction", "host_cache_size", "onboard_blocks", "cross_kv_cache_fraction",
+    "secondary_offload_min_priority", "event_buffer_max_size",
+    "attention_dp_events_gather_period_ms", "enable_partial_reuse", "copy_on_partial_reuse",
+    "use_uvm", "max_gpu_total_bytes", "dtype", "mamba_ssm_cache_dtype", "tokens_per_block",
+    "use_kv_cache_manager_v2", "max_util_for_resume",
+})
+TRTLLM_SCHEDULER_CONFIG_KEYS: frozenset[str] = frozenset({
+    "capacity_scheduler_policy", "context_chunking_policy", "dynamic_batch_config",
+    "waiting_queue_policy",
+})
+TRTLLM_CAPACITY_SCHEDULER_POLICIES: frozenset[str] = frozenset({
+    "MAX_UTILIZATION", "GUARANTEED_NO_EVICT", "STATIC_BATCH"})
+TRTLLM_CONTEXT_CHUNKING_POLICIES: frozenset[str] = frozenset({
+    "FIRST_COME_FIRST_SERVED", "EQUAL_PROGRESS"})
