@@ -17,7 +17,8 @@ do not fit) becomes a failed point carrying its message; it does not stop the sw
 
 ``engine`` is a knob like the others (``sweep: {engine: [vllm-v1, vllm-v0, sglang]}``), and a
 scenario listing several engines (``engine: [vllm-v1, sglang]``) is swept over them; an SGLang
-point runs SGLang's own token pool (allocator ``paged``) whatever the allocators listed.
+or TensorRT-LLM point runs the engine's own paged pool (allocator ``paged``) whatever the
+allocators listed.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from simulator.config.deployment import Deployment, build_deployment
 from simulator.engine.disagg import build_pools
 from simulator.errors import KvplanError, unknown_name
 from simulator.kv.gpus import get_gpu
-from simulator.config.scenario import Scenario, parse_scenario, set_dotted
+from simulator.config.scenario import POOL_ENGINES, Scenario, parse_scenario, set_dotted
 from simulator.yamlfile import parse_yaml, read_yaml
 from workloads.spec import FixedLengths
 
@@ -183,9 +184,10 @@ def resolve_points(file: CapacityFile, *, disaggregated: bool = False) -> list[S
             for key, value in knobs.items():
                 if key != PD_RATIO_KNOB:
                     set_dotted(data, key, value)
-            if "engine" in knobs and data.get("engine") == "sglang" and "allocators" not in knobs:
-                # a sweep over engines: SGLang's point runs its own token pool, the others
-                # every listed allocator (Scenario.allocators_of)
+            if "engine" in knobs and data.get("engine") in POOL_ENGINES and "allocators" not in knobs:
+                # a sweep over engines: SGLang's and TensorRT-LLM's points run their own paged
+                # pool (neither has contiguous KV), the others every listed allocator
+                # (Scenario.allocators_of)
                 data["allocators"] = ["paged"]
             ratio = _pd_ratio(data, knobs, where) if disaggregated else None
             if ratio is not None:
