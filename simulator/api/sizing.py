@@ -44,6 +44,9 @@ class SizeQuery:
     tp: int = 1
     dp: int = 1
     enable_expert_parallel: bool = False
+    moe_tp: int | None = None
+    moe_ep: int | None = None
+    moe_dispatch: str | None = None
     gpu: str | None = None
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
@@ -116,13 +119,15 @@ def size(model: str | None = None, **query: Any) -> SizeResult:
                 block_size=q.block_size, gpu_memory_utilization=q.gpu_memory_utilization,
                 max_num_batched_tokens=q.max_num_batched_tokens, max_num_seqs=q.max_num_seqs,
                 max_model_len=q.max_model_len, quantization=q.quantization, dp=q.dp,
-                enable_expert_parallel=q.enable_expert_parallel)
+                enable_expert_parallel=q.enable_expert_parallel, moe_tp=q.moe_tp, moe_ep=q.moe_ep,
+                moe_dispatch=q.moe_dispatch)
         except KvplanError as err:
             if not _is_config_path(q.model):
                 raise
             raise KvplanError(f"{q.model}: {err}") from None  # the model came from this file
-    elif q.dp > 1 or q.enable_expert_parallel:
-        raise KvplanError("--dp and --enable-expert-parallel size weights per rank: give --gpu")
+    elif q.dp > 1 or q.enable_expert_parallel or q.moe_tp or q.moe_ep or q.moe_dispatch:
+        raise KvplanError("--dp, --enable-expert-parallel, --moe-tp, --moe-ep and --moe-dispatch"
+                          " size weights per rank: give --gpu")
     return SizeResult(q, model_config, layout, capacity, _result(q, model_config, layout, total_bytes, capacity))
 
 
@@ -191,6 +196,7 @@ def _result(q: SizeQuery, model: ModelConfig | None, layout: KVLayout,
             "max_concurrency": cap.max_concurrency,
             "max_seqs_at_seq_len": cap.num_blocks // blocks_per_seq,
             "data_parallel_size": cap.dp, "expert_parallel_size": cap.ep,
+            "moe_tensor_parallel_size": cap.moe_tp, "moe_dispatch": cap.moe_dispatch,
             "expert_weight_bytes": cap.expert_weight_bytes,
             "experts_per_rank": cap.experts_per_rank,
             "total_max_concurrency": cap.total_concurrency,
@@ -216,10 +222,14 @@ def _table(q: SizeQuery, result: dict[str, Any], cap: KVCapacity | None) -> str:
             fit = (f"{result['max_seqs_at_seq_len']:,} per DP rank, "
                    f"{result['total_max_seqs_at_seq_len']:,} in all (blocks of {cap.block_size})")
         rows.append((f"sequences of {q.seq_len:,} that fit", fit))
-        if cap.dp > 1 or cap.ep > 1:
-            rows.append(("parallelism", f"{cap.dp} DP rank(s) × TP {cap.tp}; experts: "
-                         + (f"EP {cap.ep}, {cap.experts_per_rank} routed experts per layer on"
-                            " the fullest rank" if cap.ep > 1 else "TP-sharded")))
+        if cap.dp > 1 or cap.ep > 1 or cap.moe_tp not in (1, cap.tp):
+            experts = (f"EP {cap.ep}, {cap.experts_per_rank} routed experts per layer on the"
+                       " fullest rank" if cap.ep > 1 else "every one on every rank")
+            if cap.moe_tp > 1:
+                experts += f", each TP-sharded over {cap.moe_tp} ranks"
+            if cap.moe_dispatch != "none":
+                experts += f"; tokens of other DP ranks by {cap.moe_dispatch}"
+            rows.append(("parallelism", f"{cap.dp} DP rank(s) × TP {cap.tp}; experts: {experts}"))
             rows.append(("weights per rank", f"{cap.weight_bytes / GIB:.2f} GiB, of which routed"
                          f" experts {cap.expert_weight_bytes / GIB:.2f} GiB"))
             rows.append(("KV per rank", f"{cap.available_kv_bytes / GIB:.2f} GiB available,"

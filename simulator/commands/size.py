@@ -7,6 +7,7 @@ Examples::
     kvplan size --model meta-llama/Llama-3.1-8B --gpu h100 --json
     kvplan size --model llama-3.1-70b --gpu a100 --tp 2 --quantization awq
     kvplan size --model deepseek-v3 --gpu h200 --dp 8 --enable-expert-parallel --max-model-len 8192
+    kvplan size --model deepseek-r1 --gpu h200 --dp 8 --moe-tp 8 --max-model-len 8192
 """
 
 from __future__ import annotations
@@ -47,6 +48,17 @@ def add_parser(subparsers: Any) -> None:
                    help="data-parallel ranks, each with its own requests and KV (default 1)")
     p.add_argument("--enable-expert-parallel", action="store_true",
                    help="MoE layers expert parallel over dp × tp ranks (vLLM's flag)")
+    p.add_argument("--moe-tp", type=int, default=None,
+                   help="ranks each routed expert is TP-sharded over (TensorRT-LLM's"
+                        " moe_tensor_parallel_size); --moe-tp × --moe-ep = dp × tp")
+    p.add_argument("--moe-ep", type=int, default=None,
+                   help="expert-parallel groups the routed experts are spread over (SGLang's"
+                        " --ep-size, TensorRT-LLM's moe_expert_parallel_size); default: from"
+                        " --moe-tp, else vLLM's (all EP with --enable-expert-parallel, else all TP)")
+    p.add_argument("--moe-dispatch", choices=("all-to-all", "all-gather"), default=None,
+                   help="how the MoE gets the other DP ranks' tokens (sizes the activations:"
+                        " all-gather runs every DP rank's tokens); default: all-to-all for whole"
+                        " experts, else all-gather")
     p.add_argument("--gpu", help="GPU name (h100, a100-80gb, l4, mi300x...) for the capacity")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,

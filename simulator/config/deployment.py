@@ -6,14 +6,18 @@ they use it.
 
 **Data parallelism** (``data_parallel_size`` = dp): vLLM runs dp engines of ``tensor_parallel``
 GPUs, each with its own scheduler, requests and KV cache, behind one front end that picks an
-engine per request (vLLM's DP load balancer: router policy ``vllm-dp``). kvplan simulates them
-as dp replicas for each of the scenario's ``num_replicas``: the built deployment's
-``scenario.num_replicas`` counts engine replicas (``num_replicas × dp``), so runs, reports and
-GPU counts (replicas × tensor_parallel) see every DP rank. What this approximates: with an MoE
-model vLLM steps its DP ranks together — every MoE layer is a collective across them, and an
-idle rank runs dummy batches (vllm/v1/engine/core.py ``DPEngineCoreProc``) — so a step lasts as
-long as the slowest rank's; kvplan's replicas step independently, each costed as if the other
-DP ranks decoded as many sequences as it does (simulator/latency/roofline.py).
+engine per request (vLLM's DP load balancer: router policy ``vllm-dp``); SGLang's DP attention and
+TensorRT-LLM's attention DP run one scheduler and KV pool per attention DP rank the same way.
+kvplan simulates them as dp replicas for each of the scenario's ``num_replicas``: the built
+deployment's ``scenario.num_replicas`` counts engine replicas (``num_replicas × dp``), so runs,
+reports and GPU counts (replicas × tensor_parallel) see every DP rank. The MoE layers' own layout
+(``moe_tensor_parallel_size`` × ``moe_expert_parallel_size`` over the dp × tp GPUs, and
+``moe_dispatch``) sizes each rank's experts and costs their collectives
+(simulator/kv/expert_parallel.py). What this approximates: with an MoE model the engines step
+their DP ranks together — every MoE layer is a collective across them, and an idle rank runs
+dummy batches (vllm/v1/engine/core.py ``DPEngineCoreProc``) — so a step lasts as long as the
+slowest rank's; kvplan's replicas step independently, each costed as if the other DP ranks
+decoded as many sequences as it does (simulator/latency/roofline.py).
 
 A deployment vLLM would refuse to start (simulator/config/refusals.py: a block size it does not take, a
 max_model_len beyond the model's window or beyond the KV memory, an override larger than the GPU)
@@ -132,6 +136,8 @@ class Deployment:
             "tensor_parallel": cap.tp,
             "data_parallel_size": cap.dp,
             "expert_parallel_size": cap.ep,
+            "moe_tensor_parallel_size": cap.moe_tp,
+            "moe_dispatch": cap.moe_dispatch,
             "num_replicas": self.scenario.num_replicas,  # engine replicas: one per DP rank
             "kv_cache_dtype": cap.kv_cache_dtype,
             "bytes_per_token": cap.bytes_per_token,
@@ -188,7 +194,11 @@ def engine_defaults(scenario: Scenario, gpu: GPUSpec, max_model_len: int) -> Eng
     * sglang: :func:`simulator.scheduler.sglang.sglang_defaults` (SGLang's server_args):
       ``chunked_prefill_size`` (kvplan's ``max_num_batched_tokens``) and ``mem_fraction_static``
       (kvplan's ``gpu_memory_utilization``: :func:`simulator.kv.sizing.kv_capacity`
-      ``static_fraction``) by GPU memory; page size 1; the radix cache on. ``max_num_seqs``
+      ``static_fraction``) by GPU memory and ``--tp-size`` (``data_parallel_size`` ×
+      ``tensor_parallel``); page size 1; the radix cache on. With ``data_parallel_size`` > 1 (DP
+      attention) each DP rank's chunk and conservativeness are the flags' as SGLang divides them
+      (:func:`sglang_dp_attention_knobs`); the CUDA-graph memory DP attention adds to the reserve
+      is not modelled. ``max_num_seqs``
       (``max_running_requests``) follows from the pool once sized
       (:func:`simulator.scheduler.sglang.sglang_max_running_requests`): 0 here.
     * trtllm: the defaults of the TensorRT-LLM release ``engine_version`` (the newest kvplan
@@ -217,7 +227,9 @@ def engine_defaults(scenario: Scenario, gpu: GPUSpec, max_model_len: int) -> Eng
                            scenario.gpu_memory_utilization or trt.free_gpu_memory_fraction, knobs, chunked)
     if engine == "sglang":
         from simulator.scheduler.sglang import sglang_defaults
-        sg = sglang_defaults(gpu.hbm_gib, tensor_parallel=scenario.tensor_parallel)
+        # SGLang's --tp-size is the replica's GPUs: attention DP ranks × their TP
+        sg = sglang_defaults(gpu.hbm_gib,
+                             tensor_parallel=scenario.tensor_parallel * scenario.data_parallel_size)
         # max_running_requests follows from the pool's size: build_deployment sets it once sized
         seqs = scenario.max_num_seqs or 0
         batched = scenario.max_num_batched_tokens or int(sg["chunked_prefill_size"])
@@ -226,6 +238,10 @@ def engine_defaults(scenario: Scenario, gpu: GPUSpec, max_model_len: int) -> Eng
         for name in SGLANG_KNOBS:
             if getattr(scenario, name) is not None:
                 knobs[name] = getattr(scenario, name)
+        if scenario.data_parallel_size > 1:  # DP attention: one scheduler per DP rank
+            batched, conservativeness = sglang_dp_attention_knobs(
+                batched, scenario.schedule_conservativeness, scenario.data_parallel_size)
+            knobs["schedule_conservativeness"] = conservativeness
         fraction = scenario.gpu_memory_utilization or float(sg["mem_fraction_static"])
         return EngineKnobs(seqs, batched, block, caching, fraction, knobs, chunked)
     block = scenario.block_size or 16
@@ -246,6 +262,18 @@ def engine_defaults(scenario: Scenario, gpu: GPUSpec, max_model_len: int) -> Eng
     if batched is None:  # V0's defaults: 8192 with chunked prefill, else a whole prompt
         batched = max(8192, seqs) if chunked else max(max_model_len, seqs)
     return EngineKnobs(seqs, batched, block, bool(scenario.enable_prefix_caching), fraction, knobs, chunked)
+
+
+def sglang_dp_attention_knobs(chunked_prefill_size: int, schedule_conservativeness: float | None,
+                              dp: int) -> tuple[int, float]:
+    """Each DP rank's chunk and conservativeness under SGLang's DP attention, from the server's
+    flags: ``ServerArgs._handle_data_parallelism`` (python/sglang/srt/server_args.py) divides
+    ``chunked_prefill_size`` by ``dp_size`` and multiplies ``schedule_conservativeness`` (default
+    1.0) by 0.3. kvplan's ``max_num_batched_tokens``, ``schedule_conservativeness`` and
+    ``max_num_seqs`` keep the flags' values (``max_running_requests`` is divided by ``dp_size``
+    when the pool is sized)."""
+    return chunked_prefill_size // dp, (1.0 if schedule_conservativeness is None
+                                        else schedule_conservativeness) * 0.3
 
 
 def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool = False,
@@ -275,6 +303,11 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
     trtllm = scenario.engine == "trtllm"
     _check_drafting_slots(scenario, batched, where)
 
+    layout = {"dp": scenario.data_parallel_size,
+              "enable_expert_parallel": scenario.enable_expert_parallel,
+              "moe_tp": scenario.moe_tensor_parallel_size,
+              "moe_ep": scenario.moe_expert_parallel_size, "moe_dispatch": scenario.moe_dispatch}
+
     def capacity_at(tp: int, kv_cache_dtype: str) -> KVCapacity:
         if trtllm:  # a fraction of the memory left once the model and its activations are in
             from simulator.scheduler.trtllm import trtllm_capacity
@@ -282,15 +315,14 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
                 model, gpu, tp=tp, kv_cache_dtype=kv_cache_dtype, quantization=scenario.quantization,
                 block_size=block_size, gpu_memory_utilization=1.0, max_num_batched_tokens=batched,
                 max_num_seqs=_trtllm_profiling_requests(batched, max_model_len),
-                max_model_len=max_model_len, knobs=SCENARIO_KEYS, hybrid_kv_cache_manager=False),
-                knobs.gpu_memory_utilization)
+                max_model_len=max_model_len, knobs=SCENARIO_KEYS, hybrid_kv_cache_manager=False,
+                **layout), knobs.gpu_memory_utilization)
         return kv_capacity(
             model, gpu, tp=tp, kv_cache_dtype=kv_cache_dtype, quantization=scenario.quantization,
             block_size=block_size, gpu_memory_utilization=knobs.gpu_memory_utilization,
             max_num_batched_tokens=batched, max_num_seqs=max_seqs or 1, max_model_len=max_model_len,
             knobs=SCENARIO_KEYS, static_fraction=sglang,
-            hybrid_kv_cache_manager=_hybrid_manager(scenario), dp=scenario.data_parallel_size,
-            enable_expert_parallel=scenario.enable_expert_parallel)
+            hybrid_kv_cache_manager=_hybrid_manager(scenario), **layout)
 
     try:
         cap = capacity_at(scenario.tensor_parallel, scenario.kv_cache_dtype)
@@ -314,8 +346,12 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
         num_blocks = _blocks_less_draft_weights(scenario, drafter, gpu, cap, num_blocks, where)
     if sglang:
         from simulator.scheduler.sglang import sglang_max_running_requests
-        max_seqs = sglang_max_running_requests(num_blocks * block_size, max_model_len,
-                                               scenario.max_num_seqs)
+        requested = scenario.max_num_seqs
+        if requested is not None and scenario.data_parallel_size > 1:
+            # each DP rank's share (ModelRunnerKVCacheMixin._resolve_max_num_reqs: "per dp worker",
+            # max_running_requests // dp_size)
+            requested //= scenario.data_parallel_size
+        max_seqs = sglang_max_running_requests(num_blocks * block_size, max_model_len, requested)
     swap_tokens = int(scenario.swap_space * GIB // cap.bytes_per_token)
     try:
         sched = SchedulerConfig(
@@ -424,9 +460,11 @@ def _blocks_less_draft_weights(scenario: Scenario, drafter: ModelConfig, gpu: GP
     ``EagleProposer.load_model``, vllm/v1/spec_decode/eagle.py): only its layer counts."""
     fmt = resolve_quantization(drafter, scenario.quantization, gpu)
     # per rank as the target's: TP-sharded, an MoE drafter's experts over the EP ranks
+    moe = drafter.is_moe
     per_rank, _ = weights_per_rank(drafter, fmt, ParallelLayout(
         scenario.tensor_parallel, scenario.data_parallel_size,
-        scenario.enable_expert_parallel and drafter.is_moe))
+        scenario.enable_expert_parallel and moe, scenario.moe_tensor_parallel_size if moe else None,
+        scenario.moe_expert_parallel_size if moe else None))
     if scenario.speculative is not None and scenario.speculative.method in ("eagle", "mtp"):
         shared = drafter.vocab_size * drafter.hidden_size * (1 if drafter.tie_word_embeddings else 2)
         per_rank = math.ceil(per_rank * max(drafter.num_params - shared, 0) / drafter.num_params)
@@ -525,6 +563,8 @@ def _latency_model(scenario: Scenario, base_dir: Path, model: ModelConfig, gpu: 
         host_bandwidth_bytes_s=scenario.kv_offload.bandwidth_gb_s * 1e9
         if scenario.kv_offload and scenario.kv_offload.bandwidth_gb_s else None,
         dp=scenario.data_parallel_size, enable_expert_parallel=scenario.enable_expert_parallel,
+        moe_tp=scenario.moe_tensor_parallel_size, moe_ep=scenario.moe_expert_parallel_size,
+        moe_dispatch=scenario.moe_dispatch,
         expert_routing=ExpertRouting(scenario.expert_routing.distribution,
                                      scenario.expert_routing.skew, seed=scenario.seed),
         alltoall_latency_s=spec.alltoall_latency_s,

@@ -6,8 +6,11 @@
     model: llama-3.1-8b            # catalog name, HF id, or a path to a config.json
     gpu: h100-80gb
     tensor_parallel: 1
-    data_parallel_size: 1          # vLLM's DP ranks (engines of tensor_parallel GPUs each)
-    enable_expert_parallel: false  # MoE layers expert parallel over data_parallel_size × tensor_parallel
+    data_parallel_size: 1          # attention DP ranks (engines of tensor_parallel GPUs each)
+    enable_expert_parallel: false  # vLLM's: the MoE expert parallel over all those GPUs
+    moe_tensor_parallel_size: null # the MoE layers' own TP and EP sizes (SGLang, TensorRT-LLM),
+    moe_expert_parallel_size: null #   their product data_parallel_size × tensor_parallel; null: derived
+    moe_dispatch: null             # all-to-all or all-gather: how the MoE gets other DP ranks' tokens
     expert_routing: {distribution: uniform}   # or {distribution: zipf, skew: 1.0}
     allocators: [paged, contiguous-max, contiguous-pow2, contiguous-oracle]
     engine: vllm-v1                # vllm-v1 (default), vllm-v0 (the paper's), sglang, or trtllm
@@ -299,11 +302,34 @@ class Scenario(_Spec):
     model: str
     gpu: str
     tensor_parallel: Annotated[int, Field(ge=1, le=64)] = 1
-    # vLLM's --data-parallel-size / --enable-expert-parallel (simulator/kv/expert_parallel.py):
-    # data_parallel_size engines of tensor_parallel GPUs, simulated as that many replicas per
-    # num_replicas; MoE layers expert parallel over all their GPUs
+    # Attention data parallelism (simulator/kv/expert_parallel.py): data_parallel_size DP ranks of
+    # tensor_parallel GPUs each, every one with its own requests and KV cache (KV heads split over
+    # its tensor_parallel ranks), simulated as that many replicas per num_replicas. vLLM:
+    # --data-parallel-size, --tensor-parallel-size. SGLang (--tp-size N --dp-size D
+    # --enable-dp-attention): data_parallel_size D, tensor_parallel N / D. TensorRT-LLM
+    # (tp_size N, enable_attention_dp): data_parallel_size N, tensor_parallel 1. AIConfigurator's
+    # attention_dp_size and tp_size.
     data_parallel_size: Annotated[int, Field(ge=1, le=1024)] = 1
+    # vLLM's --enable-expert-parallel: the MoE layers expert parallel over all the
+    # data_parallel_size × tensor_parallel GPUs, whole experts (moe_expert_parallel_size = them,
+    # moe_tensor_parallel_size 1)
     enable_expert_parallel: bool = False
+    # The MoE layers' own layout over those same GPUs: the routed experts split over
+    # moe_expert_parallel_size groups, each expert TP-sharded over moe_tensor_parallel_size ranks;
+    # moe_tensor_parallel_size × moe_expert_parallel_size = data_parallel_size × tensor_parallel
+    # (TensorRT-LLM's Mapping check). SGLang: moe_expert_parallel_size = --ep-size (its MoE TP is
+    # --tp-size / --ep-size). TensorRT-LLM: moe_tensor_parallel_size / moe_expert_parallel_size.
+    # AIConfigurator: moe_tp_size / moe_ep_size. None: derived, one from the other; both unset,
+    # vLLM's layout (enable_expert_parallel: all EP; else every expert TP-sharded over all GPUs).
+    moe_tensor_parallel_size: Annotated[int, Field(ge=1, le=4096)] | None = None
+    moe_expert_parallel_size: Annotated[int, Field(ge=1, le=4096)] | None = None
+    # How the MoE layers get the other DP ranks' tokens (data_parallel_size > 1): all-to-all
+    # (dispatch to the experts' ranks and combine back: vLLM's deepep_* / pplx all2all backends,
+    # SGLang's --moe-a2a-backend deepep, TensorRT-LLM's all-to-all) or all-gather (all-gather
+    # before, reduce-scatter after: vLLM's allgather_reducescatter, SGLang without an a2a backend,
+    # TensorRT-LLM's fallback). None: all-to-all for whole experts over every GPU
+    # (moe_tensor_parallel_size 1), else all-gather.
+    moe_dispatch: Literal["all-to-all", "all-gather"] | None = None
     expert_routing: ExpertRoutingSpec = ExpertRoutingSpec()
     num_replicas: Annotated[int, Field(ge=1, le=4096)] = 1
     router: RouterSpec = RouterSpec()  # which replica each request goes to (simulator/scheduler/router.py)
@@ -453,14 +479,40 @@ class Scenario(_Spec):
 
     @model_validator(mode="after")
     def _data_parallel(self) -> Scenario:
-        """Data parallelism and expert parallelism are simulated as vLLM V1 runs them."""
-        if self.data_parallel_size == 1 and not self.enable_expert_parallel:
+        """Data-parallel attention and the MoE layers' layout are simulated for vLLM V1, SGLang
+        and TensorRT-LLM (``enable_expert_parallel`` reads as all EP for each); vLLM lays its MoE
+        out all EP or all TP, never as a grid."""
+        moe_keys = (self.moe_tensor_parallel_size, self.moe_expert_parallel_size, self.moe_dispatch)
+        if (self.data_parallel_size == 1 and not self.enable_expert_parallel
+                and all(key is None for key in moe_keys)):
             return self
-        if self.engines != ("vllm-v1",):
-            raise ValueError("data_parallel_size / enable_expert_parallel: simulated for engine "
-                             f"vllm-v1 only, not {', '.join(e for e in self.engines if e != 'vllm-v1')}")
+        names = "data_parallel_size / enable_expert_parallel / moe_*"
+        if "vllm-v0" in self.engines:
+            raise ValueError(f"{names}: simulated for engines vllm-v1, sglang and trtllm, not "
+                             "vllm-v0")
         if self.disaggregation is not None:
-            raise ValueError("data_parallel_size / enable_expert_parallel: not with disaggregation")
+            raise ValueError(f"{names}: not with disaggregation")
+        if "trtllm" in self.engines and self.data_parallel_size > 1 and self.tensor_parallel > 1:
+            # _ParallelConfig.to_mapping (tensorrt_llm/llmapi/llm_args.py) passes no attention TP:
+            # with enable_attention_dp every one of the tp_size ranks is an attention DP rank
+            raise ValueError(f"engine trtllm: attention DP (enable_attention_dp) makes each GPU a DP "
+                             f"rank of its own: give tensor_parallel 1 and data_parallel_size "
+                             f"{self.data_parallel_size * self.tensor_parallel}, not tensor_parallel "
+                             f"{self.tensor_parallel}")
+        if "vllm-v1" in self.engines:
+            from simulator.kv.expert_parallel import ParallelLayout
+
+            world = self.data_parallel_size * self.tensor_parallel
+            layout = ParallelLayout(self.tensor_parallel, self.data_parallel_size,
+                                    self.enable_expert_parallel, self.moe_tensor_parallel_size,
+                                    self.moe_expert_parallel_size)
+            if layout.moe_tp * layout.moe_ep == world and 1 < layout.moe_ep < world:
+                raise ValueError(
+                    f"moe_tensor_parallel_size {layout.moe_tp} x moe_expert_parallel_size "
+                    f"{layout.moe_ep}: vLLM runs the MoE layers all expert parallel "
+                    f"(enable_expert_parallel) or all tensor parallel over the {world} GPUs, not "
+                    "as a grid (vllm/model_executor/layers/fused_moe/config.py, "
+                    "FusedMoEParallelConfig.make)")
         return self
 
     @model_validator(mode="after")

@@ -1,28 +1,65 @@
-"""Data-parallel attention and expert parallelism for MoE models: who holds what, who waits.
+"""Data-parallel attention and the MoE layers' own tensor and expert parallelism: who holds what.
 
-A deployment of ``data_parallel_size`` × ``tensor_parallel`` GPUs, as vLLM lays it out:
+One replica is ``data_parallel_size`` × ``tensor_parallel`` GPUs (dp attention DP ranks of tp
+attention-TP ranks). The MoE layers lay the same GPUs out again, as ``moe_tp`` × ``moe_ep``
+(``moe_tensor_parallel_size``, ``moe_expert_parallel_size``), with ``moe_tp × moe_ep = dp × tp``:
+the ``moe_ep`` expert-parallel groups each hold ``E / moe_ep`` routed experts, every expert's
+matrices split over the group's ``moe_tp`` ranks. The engines spell it so:
 
-* **Attention and the dense layers** run data parallel: each DP rank is an engine of its own,
-  with its own requests and its own KV cache, its layers TP-sharded over its ``tensor_parallel``
-  ranks (vllm/config/parallel.py, ``ParallelConfig.data_parallel_size``: "Number of data
-  parallel groups. MoE layers will be sharded according to the product of the tensor parallel
-  size and data parallel size"). Nothing of the KV cache is replicated across DP ranks; within
-  one, heads are sharded as at plain TP (an MLA latent stays replicated on its TP ranks).
-* **The MoE layers** with ``enable_expert_parallel`` run expert parallel over all
-  ``dp × tp`` ranks, with no tensor parallelism inside an expert: ``ep_size = dp × tp``
-  (vllm/model_executor/layers/fused_moe/config.py, ``FusedMoEParallelConfig.make`` and
-  ``flatten_tp_across_dp_and_pcp``). Each rank holds ``E // ep`` whole routed experts, the first
-  ``E % ep`` ranks one more, contiguous under the default ``linear`` placement
-  (vllm/model_executor/layers/fused_moe/expert_map_manager.py, ``determine_expert_map``);
-  shared experts, routers and everything else stay with the DP rank's TP sharding.
-* Tokens reach their experts by an all-to-all (dispatch, then combine) only when DP > 1
-  (``FusedMoEParallelConfig.use_all2all_kernels``: ``use_ep and dp_size > 1``); with DP 1 the
-  TP ranks already hold every token, each runs its own experts on them and the layer's usual
-  all-reduce sums the outputs.
+* **vLLM** (``--data-parallel-size`` dp, ``--tensor-parallel-size`` tp,
+  ``--enable-expert-parallel``): each DP rank is an engine of its own with its own requests and
+  KV cache, its attention and dense layers TP-sharded over its tp ranks (vllm/config/parallel.py,
+  ``ParallelConfig.data_parallel_size``: "MoE layers will be sharded according to the product of
+  the tensor parallel size and data parallel size"). The MoE layers run over all ``dp × tp``
+  ranks (vllm/model_executor/layers/fused_moe/config.py, ``FusedMoEParallelConfig.make`` and
+  ``flatten_tp_across_dp_and_pcp``): expert parallel with no TP inside an expert when
+  ``enable_expert_parallel`` (``moe_ep = dp × tp``, ``moe_tp = 1``), else every expert
+  TP-sharded over all of them (``moe_tp = dp × tp``, ``moe_ep = 1``). vLLM has no MoE TP × EP
+  grid: ``enable_expert_parallel`` with ``moe_tensor_parallel_size`` > 1 is refused.
+* **SGLang** (``--tp-size N --dp-size D --enable-dp-attention``, ``--ep-size``): ``--tp-size``
+  is the replica's GPUs, split into D attention DP ranks of ``N / D`` attention-TP ranks
+  (python/sglang/srt/layers/dp_attention.py, ``compute_dp_attention_world_info``); the MoE runs
+  expert parallel over ``--ep-size`` ranks with ``moe_tp_size = tp_size // ep_size``
+  (``moe_dp_size`` 1; python/sglang/srt/distributed/parallel_state.py ``initialize_model_parallel``).
+  In kvplan's keys: ``tensor_parallel = N / D``, ``data_parallel_size = D``,
+  ``moe_expert_parallel_size = ep_size``.
+* **TensorRT-LLM** (``tp_size`` = the replica's GPUs, ``enable_attention_dp``,
+  ``moe_tensor_parallel_size``, ``moe_expert_parallel_size``: tensorrt_llm/llmapi/llm_args.py):
+  with attention DP every rank is an attention DP rank of one (kvplan: ``tensor_parallel 1``,
+  ``data_parallel_size = tp_size``); ``Mapping.__init__`` (tensorrt_llm/mapping.py) derives a
+  missing MoE size from the other and raises unless ``tp_size == moe_tp_size × moe_ep_size``.
+  AIConfigurator's rows name them ``tp_size`` (attention TP), ``attention_dp_size``,
+  ``moe_tp_size``, ``moe_ep_size`` and check ``tp_size × attention_dp_size == moe_tp_size ×
+  moe_ep_size`` (aiconfigurator/sdk/config.py, ``ModelConfig.resolve_moe_parallelism``): kvplan's
+  ``tensor_parallel``, ``data_parallel_size`` and the two MoE keys, one for one.
 
-kvplan simulates DP for MoE models with expert parallelism only: without it vLLM shards every
-expert's matrices over ``dp × tp`` ranks (``flatten_tp_across_dp_and_pcp`` with ``use_ep``
-false), a layout whose collectives the roofline does not model.
+Left unset, the MoE sizes are vLLM's: ``enable_expert_parallel`` gives ``moe_ep = dp × tp``,
+otherwise ``moe_tp = dp × tp``; one given, the other is the GPUs over it. Each rank holds
+``ceil(E / moe_ep)`` routed experts (vLLM gives the first ``E % ep`` ranks one more, contiguous
+under the default ``linear`` placement: vllm/model_executor/layers/fused_moe/expert_map_manager.py,
+``determine_expert_map``), each ``1 / moe_tp`` of an expert; shared experts, routers and
+everything else stay with the attention DP rank's TP sharding.
+
+**How tokens reach the experts** (:attr:`ParallelLayout.dispatch`):
+
+* ``dp = 1``: every rank holds every token after attention; each runs its experts' share on them
+  and the layer's all-reduce sums the outputs (``FusedMoEParallelConfig.use_all2all_kernels`` is
+  ``use_ep and dp_size > 1``: no all-to-all).
+* ``dp > 1``, ``all-to-all`` (the default with ``moe_tp = 1``, ``moe_ep > 1``): each token is sent
+  to the ranks holding its experts and combined back (DeepEP's dispatch layout; vLLM's
+  ``deepep_*`` / ``pplx`` all2all backends, SGLang's ``--moe-a2a-backend deepep``, TensorRT-LLM's
+  all-to-all under attention DP).
+* ``dp > 1``, ``all-gather`` (the default otherwise, and what ``moe_dispatch: all-gather``
+  selects): every rank gathers the other DP ranks' tokens before the MoE and reduce-scatters the
+  outputs after it: vLLM's ``AgRsAll2AllManager`` (vllm/distributed/device_communicators/all2all.py:
+  ``dispatch`` all_gatherv, ``combine`` reduce_scatterv over the DP group, the "naive" path
+  ``do_naive_dispatch_combine`` of fused_moe/layer.py; vLLM's default ``all2all_backend``
+  ``allgather_reducescatter``), SGLang's DP attention without an a2a backend
+  (python/sglang/srt/layers/dp_attention.py: ``_dp_gather`` by all-gather or an all-reduce of a
+  zero-padded buffer, ``dp_reduce_scatter_tensor``), TensorRT-LLM's allgather / reducescatter
+  when its all-to-all is not selected (fused_moe ``select_alltoall_method_type``: attention DP,
+  ``moe_ep_size > top_k``, MNNVL or DeepEP). Each rank then runs its experts' share on every DP
+  rank's tokens. An all-to-all with ``moe_tp > 1`` is not modelled (refused).
 
 **Routing and load imbalance** (:class:`ExpertRouting`). A token picks ``k`` of ``E`` experts.
 ``uniform``: every expert with probability ``k/E``. ``zipf``: expert popularity ∝
@@ -100,50 +137,140 @@ def _capped_shares(weights: list[float], total: float) -> list[float]:
             capped[i] = True
 
 
+MoEDispatch = Literal["all-to-all", "all-gather"]
+MOE_DISPATCHES: tuple[str, ...] = ("all-to-all", "all-gather")
+
+
 @dataclass(frozen=True, slots=True)
 class ParallelLayout:
-    """``dp`` DP ranks of ``tp`` TP ranks, MoE layers expert parallel over all of them or not."""
+    """``dp`` attention DP ranks of ``tp`` attention-TP ranks; the MoE layers over the same
+    GPUs as ``moe_tp × moe_ep`` (module docstring). ``moe_tp_size`` / ``moe_ep_size`` are the
+    sizes given (None: derived, as :attr:`moe_tp` / :attr:`moe_ep` say); ``moe_dispatch`` how
+    tokens of other DP ranks reach the experts (None: :attr:`dispatch`'s default)."""
 
     tp: int = 1
     dp: int = 1
     enable_expert_parallel: bool = False
+    moe_tp_size: int | None = None
+    moe_ep_size: int | None = None
+    moe_dispatch: str | None = None
 
     @property
     def world_size(self) -> int:
+        """The GPUs of one replica: ``dp × tp``."""
         return self.dp * self.tp
+
+    def _moe_sizes(self) -> tuple[int, int]:
+        """(moe_tp, moe_ep): as given, the missing one the GPUs over the given one, both unset
+        vLLM's (``enable_expert_parallel``: all EP, else all TP)."""
+        world, mtp, mep = self.world_size, self.moe_tp_size, self.moe_ep_size
+        if mtp is None and mep is None:
+            return (1, world) if self.enable_expert_parallel else (world, 1)
+        if mtp is None:
+            assert mep is not None
+            return (1 if self.enable_expert_parallel else max(world // mep, 1)), mep
+        if mep is None:
+            return mtp, (world if self.enable_expert_parallel else max(world // mtp, 1))
+        return mtp, mep
+
+    @property
+    def moe_tp(self) -> int:
+        """Ranks each routed expert's matrices are split over."""
+        return self._moe_sizes()[0]
+
+    @property
+    def moe_ep(self) -> int:
+        """Expert-parallel groups the routed experts are spread over (1: every rank holds a
+        share of every expert)."""
+        return self._moe_sizes()[1]
 
     @property
     def ep_size(self) -> int:
-        """Ranks the routed experts are spread over (1 without expert parallelism)."""
-        return self.world_size if self.enable_expert_parallel else 1
+        """Ranks the routed experts are spread over (1 without expert parallelism): ``moe_ep``."""
+        return self.moe_ep
+
+    @property
+    def dispatch(self) -> str:
+        """How the MoE layers get other DP ranks' tokens: ``none`` (dp 1: every rank holds every
+        token), ``all-to-all`` (default with ``moe_tp`` 1 and ``moe_ep`` > 1) or ``all-gather``
+        (all-gather before, reduce-scatter after: the default otherwise)."""
+        if self.dp == 1:
+            return "none"
+        if self.moe_dispatch is not None:
+            return self.moe_dispatch
+        return "all-to-all" if self.moe_tp == 1 and self.moe_ep > 1 else "all-gather"
 
     @property
     def uses_all_to_all(self) -> bool:
-        """Tokens cross DP ranks to reach their experts (module docstring)."""
-        return self.enable_expert_parallel and self.dp > 1
+        """Tokens cross DP ranks to reach their experts by an all-to-all (module docstring)."""
+        return self.dispatch == "all-to-all"
+
+    @property
+    def uses_all_gather(self) -> bool:
+        """Every rank gathers every DP rank's tokens for the MoE (module docstring)."""
+        return self.dispatch == "all-gather"
 
     def experts_per_rank(self, model: ModelConfig) -> int:
-        """Routed experts on the rank holding the most: ``ceil(E / ep)``."""
+        """Routed experts on the rank holding the most: ``ceil(E / moe_ep)``."""
         return -(-model.num_experts // self.ep_size)
 
     def check(self, model: ModelConfig, *, tp_knob: str = "tensor_parallel",
               dp_knob: str = "data_parallel_size",
-              ep_knob: str = "enable_expert_parallel") -> None:
-        """One-line KvplanError for a layout vLLM refuses or kvplan does not simulate; the
+              ep_knob: str = "enable_expert_parallel",
+              moe_tp_knob: str = "moe_tensor_parallel_size",
+              moe_ep_knob: str = "moe_expert_parallel_size",
+              dispatch_knob: str = "moe_dispatch") -> None:
+        """One-line KvplanError for a layout the engines refuse or kvplan does not simulate; the
         knobs are named as the user spells them."""
-        for knob, value in ((tp_knob, self.tp), (dp_knob, self.dp)):
+        for knob, value in ((tp_knob, self.tp), (dp_knob, self.dp),
+                            (moe_tp_knob, self.moe_tp_size), (moe_ep_knob, self.moe_ep_size)):
+            if value is None and knob in (moe_tp_knob, moe_ep_knob):
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise KvplanError(f"{knob} must be a positive integer, got {value!r}")
-        if self.enable_expert_parallel and not model.is_moe:
-            raise KvplanError(f"{ep_knob}: {model.name} is a dense model (no routed experts)")
-        if self.enable_expert_parallel and self.world_size == 1:
+        explicit = self.moe_tp_size is not None or self.moe_ep_size is not None
+        if not model.is_moe:
+            if self.enable_expert_parallel:
+                raise KvplanError(f"{ep_knob}: {model.name} is a dense model (no routed experts)")
+            if explicit:
+                knob = moe_tp_knob if self.moe_tp_size is not None else moe_ep_knob
+                raise KvplanError(f"{knob}: {model.name} is a dense model (no routed experts)")
+            if self.moe_dispatch is not None:
+                raise KvplanError(f"{dispatch_knob}: {model.name} is a dense model (no MoE layers)")
+            return
+        world = self.world_size
+        if self.enable_expert_parallel and world == 1:
             raise KvplanError(f"{ep_knob} needs more than one GPU: raise {dp_knob} or {tp_knob}")
-        if self.ep_size > model.num_experts > 0:
-            raise KvplanError(f"{ep_knob}: {self.ep_size} ranks exceed {model.name}'s"
+        if self.enable_expert_parallel and self.moe_tp_size not in (None, 1):
+            raise KvplanError(
+                f"{ep_knob} runs whole experts (MoE TP 1: vLLM's FusedMoEParallelConfig.make);"
+                f" {moe_tp_knob} {self.moe_tp_size} is a TP x EP grid: drop {ep_knob} and give"
+                f" {moe_ep_knob}")
+        for knob, given in ((moe_tp_knob, self.moe_tp_size), (moe_ep_knob, self.moe_ep_size)):
+            if given is not None and world % given:
+                raise KvplanError(f"{knob} {given} does not divide the {world} GPUs of a replica"
+                                  f" ({dp_knob} {self.dp} x {tp_knob} {self.tp})")
+        mtp, mep = self._moe_sizes()
+        if mtp * mep != world:
+            raise KvplanError(
+                f"{moe_tp_knob} x {moe_ep_knob} = {mtp} x {mep} = {mtp * mep} must equal"
+                f" {dp_knob} x {tp_knob} = {world}, the GPUs of a replica (TensorRT-LLM's"
+                " Mapping: tp_size == moe_tp_size x moe_ep_size)")
+        if mep > model.num_experts:
+            knob = moe_ep_knob if self.moe_ep_size is not None else ep_knob
+            raise KvplanError(f"{knob}: {mep} ranks exceed {model.name}'s"
                               f" {model.num_experts} routed experts (some ranks would hold none)")
-        if model.is_moe and self.dp > 1 and not self.enable_expert_parallel:
-            raise KvplanError(f"{dp_knob} {self.dp} on MoE model {model.name} is simulated with"
-                              f" expert parallelism only: set {ep_knob}")
+        if self.moe_dispatch is not None:
+            if self.moe_dispatch not in MOE_DISPATCHES:
+                raise KvplanError(f"{dispatch_knob} must be one of {', '.join(MOE_DISPATCHES)},"
+                                  f" got {self.moe_dispatch!r}")
+            if self.dp == 1:
+                raise KvplanError(f"{dispatch_knob} is for {dp_knob} > 1 (with one DP rank every"
+                                  " rank already holds every token)")
+            if self.moe_dispatch == "all-to-all" and (mtp > 1 or mep == 1):
+                raise KvplanError(
+                    f"{dispatch_knob} all-to-all is modelled for whole experts over every GPU"
+                    f" ({moe_tp_knob} 1), not MoE TP {mtp} x EP {mep}: use all-gather")
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,5 +351,5 @@ def _linear_placement(num_experts: int, ep: int) -> list[range]:
     return out
 
 
-__all__ = ["ExpertRouting", "ParallelLayout", "RankLoad", "busiest_rank_load",
-           "remote_ranks_per_token"]
+__all__ = ["MOE_DISPATCHES", "ExpertRouting", "MoEDispatch", "ParallelLayout", "RankLoad",
+           "busiest_rank_load", "remote_ranks_per_token"]

@@ -83,17 +83,32 @@ be converted.
   pads the state to that page (vllm/platforms/interface.py, ``_align_hybrid_block_size``;
   16 = FlashAttention's kernel block multiple).
 
-**Data-parallel attention and expert parallelism** (``dp`` DP ranks of ``tp`` ranks, MoE
-layers expert parallel over ``ep = dp × tp``: :mod:`simulator.kv.expert_parallel`). Per rank::
+**Data-parallel attention and the MoE layers' own layout** (``dp`` attention DP ranks of ``tp``
+ranks; the MoE layers as ``moe_tp × moe_ep`` over the same ``dp × tp`` GPUs:
+:mod:`simulator.kv.expert_parallel`). Per rank::
 
-    weights = (weights − routed experts) / TP  +  MoE layers × ceil(E / ep) × one expert
+    weights = (weights − routed experts) / TP  +  MoE layers × ceil(E / moe_ep) × one expert / moe_tp
 
 (the dense part, shared experts included, is replicated on every DP rank and TP-sharded within
-it; the rank holding the most experts sets the figure). KV is per DP rank: β at the DP rank's
-TP, the pool holding only that DP rank's requests, so the deployment holds ``dp`` times the
-concurrency of one. The fused-MoE activation caches use the experts' full width
-(``moe_intermediate_size``, no TP inside an expert). With ``dp = 1`` and EP off this is the
+it; the routed experts are split over the ``moe_ep`` groups, each TP-sharded over ``moe_tp``; the
+rank holding the most experts sets the figure). KV is per DP rank: β at the DP rank's TP (KV heads
+split over the attention TP, an MLA latent on each of its ranks), the pool holding only that DP
+rank's requests, so the deployment holds ``dp`` times the concurrency of one. The fused-MoE
+activation caches are at the experts' per-rank width (``moe_intermediate_size / moe_tp``), over
+the tokens a rank's MoE runs: its own ``T``; when the MoE gathers every DP rank's tokens
+(``moe_dispatch`` all-gather: vLLM's profile run steps every DP rank with
+``max_num_batched_tokens``) the gathered ``dp × T`` tokens' buffer (``dp·T·hidden·a``) plus the
+caches of one fused-MoE chunk, ``min(dp·T, 16,384)`` tokens (``VLLM_FUSED_MOE_CHUNK_SIZE``), at
+least ``T``. With ``dp = 1`` and the MoE TP-sharded over the TP ranks (vLLM's default) this is the
 formula above, byte for byte.
+
+What is not modelled: under DP attention SGLang shards the dense MLP layers over all its
+``--tp-size`` ranks (unless ``moe_dense_tp_size`` or ``enable_dense_mlp_attn_tp``;
+python/sglang/srt/layers/dp_attention.py ``compute_dp_attention_local_info``), and the shared
+experts too without an a2a backend (whole on each rank under DeepEP unless
+``enable_shared_experts_attn_tp``), where kvplan keeps both with the attention DP rank's TP, as
+vLLM does: it overstates such an SGLang rank's weights by up to the dense MLPs' and shared
+experts' (tp − 1)/tp (DeepSeek-V3/R1 at --tp 8 --dp 8: about 3.3 GB of 19 GB).
 
 The non-torch overhead (:data:`NON_TORCH_OVERHEAD_BYTES`, 0.5 GiB) stands for what vLLM reports
 as ``non_torch_memory``: cuBLAS workspaces, NCCL buffers, the allocator's slack; it measures
@@ -121,6 +136,10 @@ from simulator.kv.quantization import WeightFormat, resolve_quantization
 GIB = 2**30
 MIB = 2**20
 NON_TORCH_OVERHEAD_BYTES = GIB // 2
+# vLLM's fused MoE runs its tokens in chunks of VLLM_FUSED_MOE_CHUNK_SIZE (16 * 1024 by default,
+# vllm/envs.py; fused_experts_impl in vllm/model_executor/layers/fused_moe/fused_moe.py:
+# M = min(num_tokens, CHUNK_SIZE)): its intermediate caches hold one chunk's tokens.
+FUSED_MOE_CHUNK_TOKENS = 16 * 1024
 # FlashAttention's kernel block multiple: the granularity vLLM raises a hybrid linear-attention
 # model's block size by (vllm/v1/attention/backends/flash_attn.py,
 # get_supported_kernel_block_sizes: [MultipleOf(16)]).
@@ -144,10 +163,14 @@ class KnobNames:
     max_model_len: str
     dp: str = "data_parallel_size"
     ep: str = "enable_expert_parallel"
+    moe_tp: str = "moe_tensor_parallel_size"
+    moe_ep: str = "moe_expert_parallel_size"
+    moe_dispatch: str = "moe_dispatch"
 
 
 CLI_FLAGS = KnobNames("--tp", "--gpu-memory-utilization", "--max-num-batched-tokens",
-                      "--max-model-len", "--dp", "--enable-expert-parallel")
+                      "--max-model-len", "--dp", "--enable-expert-parallel", "--moe-tp", "--moe-ep",
+                      "--moe-dispatch")
 SCENARIO_KEYS = KnobNames("tensor_parallel", "gpu_memory_utilization", "max_num_batched_tokens",
                           "max_model_len")
 
@@ -422,10 +445,13 @@ def max_sequences(pool_bytes: int, bytes_per_token: int, seq_len_tokens: int,
 
 
 def activation_bytes(model: ModelConfig, *, tp: int = 1, max_num_batched_tokens: int = 8192,
-                     max_num_seqs: int = 256, moe_tp: int | None = None) -> int:
+                     max_num_seqs: int = 256, moe_tp: int | None = None,
+                     moe_tokens: int | None = None, gathered_tokens: int = 0) -> int:
     """Peak activation bytes of one rank's forward pass (formula in the module docstring).
     ``moe_tp``: ranks each expert's matrices are split over (1 under expert parallelism;
-    default ``tp``)."""
+    default ``tp``); ``moe_tokens``: the tokens one fused-MoE pass runs (default
+    ``max_num_batched_tokens``); ``gathered_tokens``: every DP rank's tokens, gathered into one
+    buffer for the MoE (0: none gathered)."""
     act = min(dtype_bits(model.torch_dtype), 32) // 8
     act = max(act, 2)  # fp8/int weights still run 16-bit activations
     tokens = max_num_batched_tokens
@@ -434,8 +460,10 @@ def activation_bytes(model: ModelConfig, *, tp: int = 1, max_num_batched_tokens:
     candidates = [tokens * mlp_width * math.ceil(model.intermediate_size / tp) * act]
     if model.is_moe:
         split = tp if moe_tp is None else moe_tp
+        routed = tokens if moe_tokens is None else moe_tokens
         per_token = 3 * math.ceil((model.moe_intermediate_size or 0) / split) + model.hidden_size
-        candidates.append(tokens * model.experts_per_token * per_token * act)
+        candidates.append(routed * model.experts_per_token * per_token * act
+                          + gathered_tokens * model.hidden_size * act)
     heads = model.num_attention_heads // tp
     if model.is_mla:
         attn_width = heads * (2 * model.qk_head_dim + 2 * model.value_head_dim)
@@ -472,9 +500,11 @@ class KVCapacity:
     # the hybrid manager's groups (None: one group, every layer sized as full attention)
     kv_groups: HybridKVLayout | None = None
     dp: int = 1  # data-parallel ranks, each with its own KV pool of num_blocks
-    ep: int = 1  # expert-parallel ranks (1: experts TP-sharded)
+    ep: int = 1  # expert-parallel groups the routed experts are spread over (moe_ep)
     expert_weight_bytes: int = 0  # routed experts on this rank (in weight_bytes)
     experts_per_rank: int = 0  # routed experts per MoE layer on this rank
+    moe_tp: int = 1  # ranks each routed expert is TP-sharded over (dense model: 1)
+    moe_dispatch: str = "none"  # how the MoE gets other DP ranks' tokens (ParallelLayout.dispatch)
 
     @property
     def total_concurrency(self) -> float:
@@ -484,12 +514,14 @@ class KVCapacity:
 
 def weights_per_rank(model: ModelConfig, fmt: WeightFormat, layout: ParallelLayout) -> tuple[int, int]:
     """(weight bytes, of which routed experts) on the rank holding the most (module
-    docstring); ``ceil(weights / TP)`` without DP or expert parallelism."""
-    if layout.dp == 1 and not layout.enable_expert_parallel:
-        routed = model.num_moe_layers * model.num_experts * fmt.expert_bytes
-        return math.ceil(fmt.weight_bytes / layout.tp), math.ceil(routed / layout.tp)
+    docstring); ``ceil(weights / TP)`` with one DP rank and the experts TP-sharded over its
+    ranks."""
     routed_total = model.num_moe_layers * model.num_experts * fmt.expert_bytes
+    if layout.dp == 1 and layout.moe_ep == 1:  # moe_tp == tp: every tensor split the same way
+        return math.ceil(fmt.weight_bytes / layout.tp), math.ceil(routed_total / layout.tp)
     experts = model.num_moe_layers * layout.experts_per_rank(model) * fmt.expert_bytes
+    if layout.moe_tp > 1:
+        experts = math.ceil(experts / layout.moe_tp)
     return math.ceil((fmt.weight_bytes - routed_total) / layout.tp) + experts, experts
 
 
@@ -499,7 +531,8 @@ def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype
                 max_model_len: int | None = None, quantization: str = "auto",
                 knobs: KnobNames = CLI_FLAGS, static_fraction: bool = False,
                 hybrid_kv_cache_manager: bool = True, dp: int = 1,
-                enable_expert_parallel: bool = False) -> KVCapacity:
+                enable_expert_parallel: bool = False, moe_tp: int | None = None,
+                moe_ep: int | None = None, moe_dispatch: str | None = None) -> KVCapacity:
     """KV blocks that fit on each rank of ``gpu`` serving ``model`` (module docstring formula).
 
     ``max_model_len`` defaults to the model's ``max_position_embeddings``; ``quantization`` is
@@ -516,8 +549,10 @@ def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype
     (python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py ``profile_max_num_token``).
 
     ``dp`` / ``enable_expert_parallel``: vLLM's ``--data-parallel-size`` and
-    ``--enable-expert-parallel`` (module docstring); the figures are per rank, the pool per DP
-    rank.
+    ``--enable-expert-parallel``; ``moe_tp`` / ``moe_ep`` / ``moe_dispatch``: the MoE layers'
+    own TP and EP sizes (SGLang's and TensorRT-LLM's; None: derived) and how they get other DP
+    ranks' tokens (module docstring, :class:`~simulator.kv.expert_parallel.ParallelLayout`); the
+    figures are per rank, the pool per DP rank.
     """
     for flag, value in (("block size", block_size), ("max num batched tokens",
                         max_num_batched_tokens), ("max num seqs", max_num_seqs)):
@@ -528,8 +563,10 @@ def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype
     model_len = model.max_position_embeddings if max_model_len is None else max_model_len
     _require_positive("max model len", model_len)
     layout = model_kv_layout(model, kv_cache_dtype, tp, knobs=knobs)
-    parallel = ParallelLayout(tp, dp, enable_expert_parallel)
-    parallel.check(model, tp_knob=knobs.tp, dp_knob=knobs.dp, ep_knob=knobs.ep)
+    parallel = ParallelLayout(tp, dp, enable_expert_parallel, moe_tp, moe_ep, moe_dispatch)
+    parallel.check(model, tp_knob=knobs.tp, dp_knob=knobs.dp, ep_knob=knobs.ep,
+                   moe_tp_knob=knobs.moe_tp, moe_ep_knob=knobs.moe_ep,
+                   dispatch_knob=knobs.moe_dispatch)
     budget = int(gpu_memory_utilization * gpu.hbm_bytes)
     weight_format = resolve_quantization(model, quantization, gpu)
     weights, expert_weights = weights_per_rank(model, weight_format, parallel)
@@ -539,7 +576,7 @@ def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype
                           f" raise {knobs.tp}" + (f" or {knobs.dp}" if model.is_moe else ""))
     activations = 0 if static_fraction else activation_bytes(
         model, tp=tp, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-        moe_tp=1 if enable_expert_parallel else tp)
+        moe_tp=parallel.moe_tp, **_gathered_moe_tokens(parallel, max_num_batched_tokens))
     available = budget - weights - activations - NON_TORCH_OVERHEAD_BYTES
     groups = kv_cache_groups(model, layout, block_size,
                              hybrid_kv_cache_manager=hybrid_kv_cache_manager)
@@ -582,7 +619,20 @@ def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype
         num_blocks=num_blocks, capacity_tokens=capacity, max_model_len=model_len,
         max_concurrency=concurrency, notes=tuple(notes), weight_format=weight_format,
         kv_groups=groups, dp=dp, ep=parallel.ep_size, expert_weight_bytes=expert_weights,
-        experts_per_rank=parallel.experts_per_rank(model) if model.is_moe else 0)
+        experts_per_rank=parallel.experts_per_rank(model) if model.is_moe else 0,
+        moe_tp=parallel.moe_tp if model.is_moe else 1,
+        moe_dispatch=parallel.dispatch if model.is_moe else "none")
+
+
+def _gathered_moe_tokens(parallel: ParallelLayout, tokens: int) -> dict[str, int]:
+    """The fused-MoE pass's tokens and the gathered buffer's when the MoE gathers every DP rank's
+    ``tokens`` (module docstring): ``dp × tokens`` gathered, run in chunks of at most
+    :data:`FUSED_MOE_CHUNK_TOKENS` (never fewer than the rank's own); otherwise the rank's own."""
+    if not parallel.uses_all_gather:
+        return {"moe_tokens": tokens}
+    gathered = parallel.dp * tokens
+    return {"moe_tokens": max(tokens, min(gathered, FUSED_MOE_CHUNK_TOKENS)),
+            "gathered_tokens": gathered}
 
 
 def hybrid_capacity_tokens(num_blocks: int, blocks_per_request: int, max_model_len: int) -> int:

@@ -6,6 +6,7 @@ Per tensor-parallel rank, for a step with T = prefill tokens + decode sequences:
                gemm_flops / (gemm_peak × gemm_efficiency) + expert_flops / (gemm_peak × moe_flops_efficiency)
                + attention_flops / (peak16 × flops_efficiency))
          + all_reduce + swap + copy-on-write + step_overhead_s (+ prefill_overhead_s if a prefill runs)
+         (+ the MoE's all-to-all or all-gather under data-parallel attention: below)
 
     bytes_moved     = weights read                    (dense part + lm_head) / TP, in their stored width
                                                       + MoE: experts touched × expert bytes / TP
@@ -20,7 +21,9 @@ Per tensor-parallel rank, for a step with T = prefill tokens + decode sequences:
     swap            = swapped blocks × block_size × β / PCIe_BW
     copy            = copied blocks × 2 × block_size × β / (HBM_BW × mem_efficiency)
 
-β is the per-rank KV bytes per token, a the activation bytes (16-bit, or 4 for fp32 models).
+β is the per-rank KV bytes per token, a the activation bytes (16-bit, or 4 for fp32 models). The
+expert terms' TP is the experts' own (``moe_tp``: the TP with one DP rank and the MoE TP-sharded,
+vLLM's default), and with data-parallel attention their T is every DP rank's tokens (below).
 With d_qk = d_v = d_h the attention terms are the familiar 4 × pairs × H × d_h × L. MLA prefill
 uses d_qk = qk_nope + qk_rope, d_v = v_head_dim; MLA decode runs in the latent space (weights
 absorbed), so d_qk = kv_lora_rank + qk_rope, d_v = kv_lora_rank.
@@ -71,28 +74,41 @@ longest context only, so a window layer's decode read is ``Σ min(c, W)`` bounde
 context tells), an upper bound in between. Every KV layer still writes each new token.
 A model with only full-attention layers takes the formula above unchanged.
 
-**Expert parallelism** (``enable_expert_parallel``, ``dp`` DP ranks of ``tp``:
-:mod:`simulator.kv.expert_parallel` says who holds what and why). The rank is one of ``ep =
-dp × tp``; it holds ``ceil(E / ep)`` whole experts. The step is one DP rank's, of T tokens of
-which n decode; the other DP ranks, stepping with it (vLLM steps them together), are taken to
-decode n sequences each — a prefill chunk is one rank's at a time in the steady state — so each
-MoE layer routes ``G = T + (dp − 1) × n`` tokens::
+**Data-parallel attention and the MoE layers' layout** (``dp`` DP ranks of ``tp``; the MoE over
+the same ``dp × tp`` GPUs as ``moe_tp × moe_ep``: :mod:`simulator.kv.expert_parallel` says who
+holds what and why). The rank holds ``ceil(E / moe_ep)`` experts, each ``1 / moe_tp`` of one:
+expert bytes and FLOPs per (expert, token) pair are divided by ``moe_tp``, not by ``tp``. The
+step is one DP rank's, of T tokens of which n decode; the other DP ranks, stepping with it (vLLM
+steps them together), are taken to decode n sequences each — a prefill chunk is one rank's at a
+time in the steady state — so with ``dp > 1`` each MoE layer routes ``G = T + (dp − 1) × n``
+tokens::
 
-    MoE weights read  = MoE layers × experts touched on the busiest rank (G tokens) × one expert
-    expert_flops      = 2 × expert params × MoE layers × busiest rank's (expert, token) pairs (G)
-    all_to_all        = 2 per MoE layer (dispatch, combine) when dp > 1, each
+    MoE weights read  = MoE layers × experts touched on the busiest rank (G tokens) × one expert / moe_tp
+    expert_flops      = 2 × expert params / moe_tp × MoE layers × busiest rank's (expert, token) pairs (G)
+    all_to_all        = 2 per MoE layer (dispatch, combine), dispatch all-to-all, each
                         T × hidden × a × max(remote ranks on the node / interconnect_BW,
                                              remote ranks off the node / scale-out BW)
                         + alltoall_latency_s
+    all_gather        = 2 per MoE layer (all-gather before, reduce-scatter after), dispatch
+                        all-gather, each (dp − 1)/dp × G × hidden × a / link_BW + alltoall_latency_s
 
 The busiest rank's pairs and experts come from ``expert_routing`` (uniform, or zipf with a
-skew): a skewed routing loads one rank more, and every rank waits for it. A token is sent once
-to each remote rank holding one of its experts (``remote_ranks_per_token``); with ``k = 1`` that
-is ``(ep − 1)/ep`` of the tokens each way. ``alltoall_latency_s`` (per call) defaults to the
-fitted all-reduce latency of the GPU's fabric (:mod:`simulator.latency.constants`): both are one
+skew): a skewed routing loads one rank more, and every rank waits for it. With ``moe_ep = 1``
+and uniform routing every rank holds a share of every expert: experts touched
+``E·(1 − (1 − k/E)^G)``, ``k × G`` pairs. A token is sent once to each remote rank holding one
+of its experts (``remote_ranks_per_token``); with ``k = 1`` that is ``(ep − 1)/ep`` of the tokens
+each way. The gather runs over the DP group (vLLM's ``AgRsAll2AllManager`` all_gatherv /
+reduce_scatterv over ``get_dp_group()``; SGLang's ``_dp_gather`` over its TP group, which an
+all-reduce of a zero-padded buffer doubles: not modelled), in a ring: every rank receives the
+other DP ranks' ``(dp − 1)/dp`` of the ``G`` tokens; its link is NVLink (``interconnect_BW``)
+while the replica's ``dp × tp`` GPUs fit in one NVLink domain (``gpus_per_node``: 8 on HGX, 72
+on GB200/GB300 NVL72), else the scale-out network. The layer's TP all-reduces stay (attention's
+and the MLP's, within the ``tp`` ranks). ``alltoall_latency_s`` (per call) defaults to the fitted
+all-reduce latency of the GPU's fabric (:mod:`simulator.latency.constants`): both are one
 collective's launch and synchronisation, and no all-to-all measurement has been fitted. With
-``dp = 1`` the TP ranks hold every token already: no all-to-all, the layer's all-reduce stays.
-With expert parallelism off and uniform routing the MoE terms are those above, unchanged.
+``dp = 1`` the TP ranks hold every token already: no dispatch, the layer's all-reduce (over all
+``tp`` ranks, experts' shares included) stays. With one DP rank, ``moe_tp = tp`` and uniform
+routing the MoE terms are those above, unchanged.
 
 An empty plan (nothing to compute and nothing to copy) costs 0.
 """
@@ -142,9 +158,12 @@ class StepTerms(NamedTuple):
     prefill: float  # 1.0 if a prefill chunk runs this step, else 0.0
     copy_bytes: float  # on-device block copies (copy-on-write), read + write
     swap_bytes: float  # host-link block copies (swap in and out)
-    # expert-parallel dispatch and combine, seconds: links (datasheet rates) plus the fixed
-    # per-call latency, which is not one of the fitted constants
+    # expert-parallel dispatch and combine by all-to-all, seconds: links (datasheet rates) plus
+    # the fixed per-call latency, which is not one of the fitted constants
     alltoall_s: float = 0.0
+    # the MoE's all-gather of every DP rank's tokens and its reduce-scatter back, seconds (as
+    # alltoall_s: links plus the per-call latency)
+    gather_s: float = 0.0
 
 
 class Rates(NamedTuple):
@@ -174,7 +193,8 @@ class StepCost(NamedTuple):
     allreduce_s: float
     transfer_s: float  # swap (PCIe) and copy-on-write (HBM) block copies
     overhead_s: float  # per-step overhead, plus the prefill overhead when a prefill runs
-    alltoall_s: float = 0.0  # expert-parallel dispatch and combine
+    alltoall_s: float = 0.0  # expert-parallel dispatch and combine (all-to-all)
+    gather_s: float = 0.0  # the MoE's all-gather and reduce-scatter over the DP ranks
 
     @property
     def flops(self) -> float:
@@ -187,7 +207,7 @@ class StepCost(NamedTuple):
     @property
     def total_s(self) -> float:
         return (max(self.memory_s, self.compute_s) + self.allreduce_s + self.transfer_s
-                + self.overhead_s + self.alltoall_s)
+                + self.overhead_s + self.alltoall_s + self.gather_s)
 
     @property
     def compute_bound(self) -> bool:
@@ -208,10 +228,10 @@ def combine(t: Any, rates: Rates, c: RooflineConstants,
                                        + c.allreduce_latency_s)
     transfer_s = t.swap_bytes / rates.pcie_bytes_s + t.copy_bytes / hbm
     return (maximum(memory_s, compute_s) + allreduce_s + transfer_s
-            + c.step_overhead_s + t.prefill * c.prefill_overhead_s + t.alltoall_s)
+            + c.step_overhead_s + t.prefill * c.prefill_overhead_s + t.alltoall_s + t.gather_s)
 
 
-_NO_TERMS = StepTerms(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+_NO_TERMS = StepTerms(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # (and 0.0 MoE comms)
 _ZERO = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
@@ -230,12 +250,14 @@ class RooflineLatency:
                  host_bandwidth_bytes_s: float | None = None, dp: int = 1,
                  enable_expert_parallel: bool = False,
                  expert_routing: ExpertRouting | None = None,
-                 alltoall_latency_s: float | None = None) -> None:
+                 alltoall_latency_s: float | None = None, moe_tp: int | None = None,
+                 moe_ep: int | None = None, moe_dispatch: str | None = None) -> None:
         """``constants`` default to the fitted ones for ``gpu``; each keyword overrides one.
         ``host_bandwidth_bytes_s``: the host link's rate for KV block copies (swap, and loads
         from a ``kv_offload`` tier, which share ``num_swap_in_blocks``); default: the GPU's PCIe.
-        ``dp``, ``enable_expert_parallel``, ``expert_routing``, ``alltoall_latency_s``: expert
-        parallelism (module docstring); the step is one DP rank's, costed on its busiest rank.
+        ``dp``, ``enable_expert_parallel``, ``moe_tp``, ``moe_ep``, ``moe_dispatch``,
+        ``expert_routing``, ``alltoall_latency_s``: data-parallel attention and the MoE layers'
+        layout (module docstring); the step is one DP rank's, costed on its busiest rank.
         Raises KvplanError for efficiencies outside (0, 1], negative times, block_size < 1
         or a tp that does not divide the model's heads."""
         base = constants if constants is not None else default_constants(gpu)
@@ -270,9 +292,11 @@ class RooflineLatency:
             gemm_8bit=self.gemm_dtype in ("fp8", "int8", "fp4"))
 
         self._dense_weight_bytes = self.weight_format.dense_weight_bytes / tp
-        self._expert_bytes = self.weight_format.expert_bytes / tp
-        self.parallel = ParallelLayout(tp, dp, enable_expert_parallel)
+        self.parallel = ParallelLayout(tp, dp, enable_expert_parallel, moe_tp, moe_ep, moe_dispatch)
         self.parallel.check(model)
+        # an expert's share on this rank: 1/moe_tp of it (moe_tp = tp with one DP rank and no EP)
+        split = self.parallel.moe_tp if model.is_moe else tp
+        self._expert_bytes = self.weight_format.expert_bytes / split
         self.expert_routing = expert_routing or ExpertRouting()
         self.alltoall_latency_s = (self.constants.allreduce_latency_s if alltoall_latency_s is None
                                    else alltoall_latency_s)
@@ -281,26 +305,30 @@ class RooflineLatency:
         self._rank_load = None
         self._touched: dict[int, float] = {}  # routed tokens -> experts touched (_moe_terms)
         self._alltoall_s_per_token = 0.0
-        self._alltoall_calls = 0.0
-        if model.is_moe and (enable_expert_parallel or self.expert_routing.distribution != "uniform"):
+        self._gather_s_per_token = 0.0
+        self._alltoall_calls = self._gather_calls = 0.0
+        self._dp = dp if model.is_moe else 1  # DP ranks whose tokens an MoE layer routes
+        if model.is_moe and (self.parallel.moe_ep > 1 or self.expert_routing.distribution != "uniform"):
             self._rank_load = busiest_rank_load(model, self.parallel, self.expert_routing)
-            if enable_expert_parallel:  # whole experts, no TP inside one
-                self._expert_bytes = float(self.weight_format.expert_bytes)
-            split = 1 if enable_expert_parallel else tp  # TP-sharded experts: 1/tp of each pair
             self._expert_flops_per_pair = 2.0 * model.num_moe_layers * model.routed_expert_params / split
-        if self.parallel.uses_all_to_all:
+        token_bytes = model.hidden_size * (4 if dtype_bits(model.torch_dtype) == 32 else 2)
+        if model.is_moe and self.parallel.uses_all_to_all:
             on_node, off_node = remote_ranks_per_token(model, self.parallel, self.expert_routing,
                                                        gpu.gpus_per_node)
-            token_bytes = model.hidden_size * (4 if dtype_bits(model.torch_dtype) == 32 else 2)
             self._alltoall_calls = 2.0 * model.num_moe_layers
             self._alltoall_s_per_token = token_bytes * max(
                 on_node / gpu.interconnect_bandwidth_bytes_s,
                 off_node / gpu.scaleout_bandwidth_bytes_s)
+        elif model.is_moe and self.parallel.uses_all_gather:
+            link = (gpu.interconnect_bandwidth_bytes_s if self.parallel.world_size <= gpu.gpus_per_node
+                    else gpu.scaleout_bandwidth_bytes_s)
+            self._gather_calls = 2.0 * model.num_moe_layers
+            self._gather_s_per_token = (dp - 1) / dp * token_bytes / link
         self._num_experts = model.num_experts
         self._experts_per_tok = model.experts_per_token
         self._flops_per_token = 2 * model.dense_body_params / tp
         self._expert_flops_per_token = (
-            2 * model.num_moe_layers * self._experts_per_tok * model.routed_expert_params / tp)
+            2 * model.num_moe_layers * self._experts_per_tok * model.routed_expert_params / split)
         self._flops_per_sample = 2 * model.lm_head_params / tp
         heads = model.num_attention_heads / tp
         layers = model.num_hidden_layers
@@ -434,7 +462,8 @@ class RooflineLatency:
             return _NO_TERMS._replace(copy_bytes=copy_bytes, swap_bytes=swap_bytes)
         tokens = plan.num_batched_tokens
         num_sampled = plan.num_decode_seqs + sum(1 for c in plan.prefills if c.samples_token)
-        weight_bytes, expert_flops, alltoall_s = self._moe_terms(tokens, plan.num_decode_seqs)
+        weight_bytes, expert_flops, alltoall_s, gather_s = self._moe_terms(tokens,
+                                                                           plan.num_decode_seqs)
         if self._hybrid:
             kv_read, attention = self._hybrid_attention(plan)
             return StepTerms(
@@ -445,7 +474,7 @@ class RooflineLatency:
                 allreduce_calls=self._allreduce_calls,
                 allreduce_bytes=self._ring_bytes_per_token * tokens,
                 prefill=1.0 if plan.prefills else 0.0, copy_bytes=copy_bytes,
-                swap_bytes=swap_bytes, alltoall_s=alltoall_s)
+                swap_bytes=swap_bytes, alltoall_s=alltoall_s, gather_s=gather_s)
         return StepTerms(
             weight_bytes=weight_bytes,
             kv_read_bytes=(plan.prefill_context_tokens + plan.decode_context_tokens) * self.bytes_per_token,
@@ -457,7 +486,7 @@ class RooflineLatency:
             allreduce_calls=self._allreduce_calls,
             allreduce_bytes=self._ring_bytes_per_token * tokens,
             prefill=1.0 if plan.prefills else 0.0, copy_bytes=copy_bytes, swap_bytes=swap_bytes,
-            alltoall_s=alltoall_s)
+            alltoall_s=alltoall_s, gather_s=gather_s)
 
     def step_cost(self, plan: StepPlan) -> StepCost:
         """The step's terms and their seconds, for reports and tests."""
@@ -478,7 +507,7 @@ class RooflineLatency:
                                              + c.allreduce_latency_s),
             transfer_s=transfer_s,
             overhead_s=c.step_overhead_s + t.prefill * c.prefill_overhead_s,
-            alltoall_s=t.alltoall_s)
+            alltoall_s=t.alltoall_s, gather_s=t.gather_s)
 
     def describe(self) -> dict[str, object]:
         """The model's constants, for reports (JSON-serialisable)."""
@@ -487,6 +516,8 @@ class RooflineLatency:
             "latency_model": "roofline",
             "model": self.model.name, "gpu": self.gpu.name, "tp": self.tp,
             "data_parallel_size": self.parallel.dp, "expert_parallel_size": self.parallel.ep_size,
+            "moe_tensor_parallel_size": self.parallel.moe_tp if self._num_experts else 1,
+            "moe_dispatch": self.parallel.dispatch if self._num_experts else "none",
             "expert_routing": {"distribution": self.expert_routing.distribution,
                                "skew": self.expert_routing.skew},
             "alltoall_latency_s": self.alltoall_latency_s,
@@ -536,25 +567,29 @@ class RooflineLatency:
                      + self._linear_flops_per_token * plan.num_batched_tokens)
         return kv_read, attention
 
-    def _moe_terms(self, tokens: int, decode_seqs: int) -> tuple[float, float, float]:
-        """(weights read, expert FLOPs, all-to-all seconds) of a step of ``tokens``, of which
-        ``decode_seqs`` decode, on this rank: the dense weights plus the experts the routed
-        tokens touch (module docstring)."""
+    def _moe_terms(self, tokens: int, decode_seqs: int) -> tuple[float, float, float, float]:
+        """(weights read, expert FLOPs, all-to-all seconds, all-gather seconds) of a step of
+        ``tokens``, of which ``decode_seqs`` decode, on this rank: the dense weights plus the
+        experts the routed tokens touch, and how the tokens got there (module docstring)."""
         load = self._rank_load
-        if load is None:
-            return (self._dense_weight_bytes
-                    + self._num_moe_layers * self._experts_touched(tokens) * self._expert_bytes,
-                    self._expert_flops_per_token * tokens, 0.0)
-        routed = tokens + (self.parallel.dp - 1) * decode_seqs  # module docstring
-        alltoall_s = 0.0
-        if self._alltoall_calls:
+        # every DP rank's tokens pass the MoE layers (module docstring): G = T + (dp - 1) n
+        routed = tokens if self._dp == 1 else tokens + (self._dp - 1) * decode_seqs
+        alltoall_s = gather_s = 0.0
+        if self._alltoall_calls:  # this rank's tokens to the ranks of their experts, and back
             alltoall_s = self._alltoall_calls * (tokens * self._alltoall_s_per_token
                                                  + self.alltoall_latency_s)
+        elif self._gather_calls:  # every DP rank's tokens gathered, the outputs reduce-scattered
+            gather_s = self._gather_calls * (routed * self._gather_s_per_token
+                                             + self.alltoall_latency_s)
+        if load is None:
+            return (self._dense_weight_bytes
+                    + self._num_moe_layers * self._experts_touched(routed) * self._expert_bytes,
+                    self._expert_flops_per_token * routed, alltoall_s, gather_s)
         touched = self._touched.get(routed)
         if touched is None:  # a zipf rank's sum is O(E): once per token count
             touched = self._touched[routed] = load.experts_touched(routed)
         return (self._dense_weight_bytes + self._num_moe_layers * touched * self._expert_bytes,
-                self._expert_flops_per_pair * load.busiest_pairs(routed), alltoall_s)
+                self._expert_flops_per_pair * load.busiest_pairs(routed), alltoall_s, gather_s)
 
     def _experts_touched(self, tokens: int) -> float:
         """Expected distinct routed experts per MoE layer for ``tokens`` uniformly routed tokens."""

@@ -16,6 +16,7 @@ from simulator.commands.export.flags import (
     GUIDELLM_KINDS,
     GUIDELLM_RUN_FLAGS,
     SGLANG_FLAGS,
+    SGLANG_MOE_A2A_BACKENDS,
     SGLANG_KV_CACHE_DTYPES,
     SGLANG_RADIX_EVICTION_POLICIES,
     SGLANG_SCHEDULE_POLICIES,
@@ -23,6 +24,7 @@ from simulator.commands.export.flags import (
     TRTLLM_CAPACITY_SCHEDULER_POLICIES,
     TRTLLM_CONTEXT_CHUNKING_POLICIES,
     TRTLLM_KV_CACHE_CONFIG_KEYS,
+    TRTLLM_LLM_ARGS_KEYS,
     TRTLLM_SCHEDULER_CONFIG_KEYS,
     TRTLLM_SERVE_BOOL_FLAGS,
     TRTLLM_SERVE_FLAGS,
@@ -300,6 +302,43 @@ def test_expert_parallel_deployment_is_one_server_of_dp_engines(tmp_path: Path) 
     assert "on 16 x H200-141GB" in serve and "run 2 such servers" in serve
 
 
+def test_vllm_dp_without_ep_is_one_server_of_dp_engines(tmp_path: Path) -> None:
+    """vLLM DP 8 without EP: the MoE layers TP-sharded over the 8 GPUs of one server
+    (--data-parallel-size 8, no --enable-expert-parallel), not 8 independent servers."""
+    source = _scenario(tmp_path, model="deepseek-v3", tensor_parallel=2, data_parallel_size=4)
+    (_, _, flags), = _scripts(_export(tmp_path, source))[0]
+    assert [f for f in flags if not _vllm_known(f)] == []
+    assert flags["--data-parallel-size"] == ["4"] and flags["--tensor-parallel-size"] == ["2"]
+    assert "--enable-expert-parallel" not in flags
+    serve = (_export(tmp_path, _scenario(tmp_path, model="deepseek-v3", tensor_parallel=1,
+                                         data_parallel_size=8, enable_expert_parallel=True))
+             / "serve.sh").read_text(encoding="utf-8")
+    assert "--all2all-backend deepep_low_latency" in serve  # a note: vLLM's default all-gathers
+
+
+def test_sglang_dp_attention_with_deepep(tmp_path: Path) -> None:
+    """SGLang --tp 8 --dp 8 --enable-dp-attention --ep 8 --moe-a2a-backend deepep; the chunk,
+    running-request and conservativeness flags are the server's (SGLang divides them per DP
+    rank: ServerArgs._handle_data_parallelism)."""
+    source = _scenario(tmp_path, engine="sglang", model="deepseek-v3", data_parallel_size=8,
+                       moe_expert_parallel_size=8, max_num_seqs=256)
+    (_, program, flags), = _scripts(_export(tmp_path, source))[0]
+    assert program == ["python", "-m", "sglang.launch_server"]
+    assert [f for f in flags if f not in SGLANG_FLAGS] == []
+    assert flags["--tp-size"] == ["8"] and flags["--dp-size"] == ["8"]
+    assert flags["--enable-dp-attention"] == [] and flags["--ep-size"] == ["8"]
+    assert flags["--moe-a2a-backend"] == ["deepep"] and "deepep" in SGLANG_MOE_A2A_BACKENDS
+    assert flags["--chunked-prefill-size"] == ["8192"]  # 1024 a DP rank
+    assert flags["--max-running-requests"] == ["256"]  # 32 a DP rank
+    assert flags["--schedule-conservativeness"] == ["1"]  # 0.3 a DP rank
+    # the MoE TP-sharded over the 8 (no --ep-size): SGLang gathers the DP ranks' tokens
+    tp_moe = _scenario(tmp_path, name="moetp", engine="sglang", model="deepseek-v3",
+                       data_parallel_size=8)
+    (_, _, flags), = _scripts(_export(tmp_path, tp_moe))[0]
+    assert "--ep-size" not in flags and "--moe-a2a-backend" not in flags
+    assert flags["--enable-dp-attention"] == []
+
+
 # ----------------------------------------------------------------------------- TensorRT-LLM
 def _trtllm(tmp_path: Path, **overrides: object) -> tuple[list[str], dict[str, list[str]], list[str], dict]:
     """Export a TensorRT-LLM plan: trtllm-serve's words and flags (every flag checked against
@@ -313,7 +352,7 @@ def _trtllm(tmp_path: Path, **overrides: object) -> tuple[list[str], dict[str, l
         assert (values == []) == (flag in TRTLLM_SERVE_BOOL_FLAGS), flag
     assert 'cd "$(dirname "$0")"' in script  # the YAML path is relative to the script
     config = yaml.safe_load((out / flags["--extra_llm_api_options"][0]).read_text(encoding="utf-8"))
-    assert set(config) <= {"kv_cache_config", "scheduler_config"}
+    assert set(config) <= TRTLLM_LLM_ARGS_KEYS
     assert set(config["kv_cache_config"]) <= TRTLLM_KV_CACHE_CONFIG_KEYS
     assert set(config["scheduler_config"]) <= TRTLLM_SCHEDULER_CONFIG_KEYS
     assert config["scheduler_config"]["capacity_scheduler_policy"] in TRTLLM_CAPACITY_SCHEDULER_POLICIES
@@ -362,3 +401,20 @@ def test_trtllm_export_of_a_vllm_plan_says_it_was_not_simulated(tmp_path: Path) 
     script = (out / "serve.sh").read_text(encoding="utf-8")
     assert "the trtllm plan was not simulated" in script and "trtllm-serve" in script
     assert (out / "trtllm-config.yaml").is_file()
+
+
+def test_trtllm_attention_dp_and_the_moe_layout(tmp_path: Path) -> None:
+    """tp_size 8 with enable_attention_dp and moe_expert_parallel_size 8 (AIConfigurator's
+    attention_dp_size 8, moe_ep_size 8); a TP × EP grid without attention DP."""
+    _, flags, comments, config = _trtllm(tmp_path, model="deepseek-v3", data_parallel_size=8,
+                                         moe_expert_parallel_size=8)
+    assert flags["--tp_size"] == ["8"]
+    assert config["enable_attention_dp"] is True
+    assert (config["moe_tensor_parallel_size"], config["moe_expert_parallel_size"]) == (1, 8)
+    assert any("select_alltoall_method_type" in line for line in comments)
+    _, flags, _, config = _trtllm(tmp_path, model="deepseek-v3", tensor_parallel=8,
+                                  moe_tensor_parallel_size=2)
+    assert flags["--tp_size"] == ["8"] and "enable_attention_dp" not in config
+    assert (config["moe_tensor_parallel_size"], config["moe_expert_parallel_size"]) == (2, 4)
+    _, _, _, config = _trtllm(tmp_path, model="deepseek-v3", tensor_parallel=8)  # TP 8 throughout
+    assert "moe_tensor_parallel_size" not in config

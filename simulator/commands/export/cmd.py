@@ -399,13 +399,22 @@ def _vllm_serve(scenario: Scenario, dep: Deployment, model: str, fraction: float
         argv += ["--max-num-partial-prefills", str(scenario.max_num_partial_prefills)]
     if scenario.num_gpu_blocks_override is not None:
         argv += ["--num-gpu-blocks-override", str(scenario.num_gpu_blocks_override)]
-    if scenario.enable_expert_parallel:
-        # vllm/engine/arg_utils.py --enable-expert-parallel, --data-parallel-size: the MoE layers
-        # are expert parallel over data_parallel_size x tensor_parallel GPUs (one server)
-        argv += ["--data-parallel-size", str(scenario.data_parallel_size), "--enable-expert-parallel"]
+    cap = dep.capacity
+    if dep.model.is_moe and (scenario.data_parallel_size > 1 or cap.ep > 1):
+        # vllm/engine/arg_utils.py --data-parallel-size, --enable-expert-parallel: the MoE layers
+        # run over data_parallel_size x tensor_parallel GPUs (one server), expert parallel or
+        # TP-sharded (FusedMoEParallelConfig.make)
+        argv += ["--data-parallel-size", str(scenario.data_parallel_size)]
+        if cap.ep > 1:
+            argv.append("--enable-expert-parallel")
+        if cap.moe_dispatch == "all-to-all":
+            notes.append("moe_dispatch all-to-all: kvplan simulated DeepEP-style dispatch and "
+                         "combine; vLLM's default --all2all-backend is allgather_reducescatter "
+                         "(vllm/config/parallel.py): pass --all2all-backend deepep_low_latency or "
+                         "deepep_high_throughput (DeepEP installed) to run what was simulated")
         if scenario.num_replicas > 1:
             notes.append(f"num_replicas {scenario.num_replicas}: run {scenario.num_replicas} such "
-                         "servers (each its own expert-parallel group) behind a router")
+                         "servers (each its own group of MoE layers) behind a router")
     elif scenario.num_replicas * scenario.data_parallel_size > 1:
         argv += ["--data-parallel-size", str(scenario.num_replicas * scenario.data_parallel_size)]
         if scenario.router.policy != "vllm-dp":
@@ -442,22 +451,45 @@ def _sglang_serve(scenario: Scenario, dep: Deployment, model: str, fraction: flo
     each field's flag is its name with dashes; --model-path, --tp-size, --dp-size,
     --mem-fraction-static, --page-size, --context-length, --max-running-requests,
     --chunked-prefill-size, --max-prefill-tokens, --schedule-policy, --schedule-conservativeness,
-    --radix-eviction-policy, --disable-radix-cache, --max-total-tokens, --port)."""
+    --radix-eviction-policy, --disable-radix-cache, --max-total-tokens, --port; DP attention and
+    expert parallelism: --enable-dp-attention with --dp-size, --ep-size, --moe-a2a-backend)."""
     sched = dep.scheduler_config
+    dp, cap = scenario.data_parallel_size, dep.capacity
     chunk = sched.max_num_batched_tokens if sched.enable_chunked_prefill else -1  # -1: no chunking
+    seqs, conservativeness = sched.max_num_seqs, sched.schedule_conservativeness
+    if dp > 1:  # DP attention: the flags are the whole server's; SGLang divides them per DP rank
+        # (ServerArgs._handle_data_parallelism; simulator/config/deployment.py
+        # sglang_dp_attention_knobs): chunk // dp, conservativeness x 0.3, max_running_requests // dp
+        if chunk != -1:
+            chunk = scenario.max_num_batched_tokens or chunk * dp
+        seqs *= dp
+        conservativeness = (1.0 if scenario.schedule_conservativeness is None
+                            else scenario.schedule_conservativeness)
     argv = ["python", "-m", "sglang.launch_server", "--model-path", model,
             "--port", str(PORT),  # ServerArgs.port defaults to 30000: the bench commands use 8000
-            "--tp-size", str(scenario.tensor_parallel),
+            # --tp-size: all the server's GPUs; with --enable-dp-attention, dp DP ranks of
+            # tp / dp (python/sglang/srt/layers/dp_attention.py compute_dp_attention_world_info)
+            "--tp-size", str(scenario.tensor_parallel * dp),
             "--mem-fraction-static", _number(fraction),
             "--page-size", str(sched.block_size),
             "--context-length", str(sched.max_model_len),
-            "--max-running-requests", str(sched.max_num_seqs),
+            "--max-running-requests", str(seqs),
             "--chunked-prefill-size", str(chunk),
             "--max-prefill-tokens", str(sched.max_prefill_tokens),
             "--schedule-policy", sched.schedule_policy,
-            "--schedule-conservativeness", _number(sched.schedule_conservativeness),
+            "--schedule-conservativeness", _number(conservativeness),
             "--radix-eviction-policy", sched.radix_eviction_policy]
     notes: list[str] = []
+    if dp > 1:
+        argv += ["--dp-size", str(dp), "--enable-dp-attention"]
+    if dep.model.is_moe and cap.ep > 1:
+        # ServerArgs.ep_size: the MoE's EP groups; its MoE TP is tp_size // ep_size
+        argv += ["--ep-size", str(cap.ep)]
+        if cap.moe_dispatch == "all-to-all":  # _handle_a2a_moe: deepep takes ep_size = tp_size
+            argv += ["--moe-a2a-backend", "deepep"]
+    if dep.model.is_moe and dp > 1 and cap.moe_dispatch == "all-gather":
+        notes.append("DP attention without an a2a backend: SGLang gathers every DP rank's tokens "
+                     "before the MoE (dp_attention.py _dp_gather), as kvplan simulated")
     words, more = _kv_dtype(scenario, dep, "sglang")
     argv += words
     notes += more
@@ -468,10 +500,16 @@ def _sglang_serve(scenario: Scenario, dep: Deployment, model: str, fraction: flo
         argv.append("--disable-radix-cache")
     if scenario.num_gpu_blocks_override is not None:
         argv += ["--max-total-tokens", str(scenario.num_gpu_blocks_override * sched.block_size)]
-    if scenario.num_replicas > 1:
+    if scenario.num_replicas > 1 and dp > 1:
+        notes.append(f"num_replicas {scenario.num_replicas}: run {scenario.num_replicas} such servers "
+                     f"behind a router (kvplan routed by {scenario.router.policy})")
+    elif scenario.num_replicas > 1:
         argv += ["--dp-size", str(scenario.num_replicas)]
         notes.append(f"router: kvplan routed by {scenario.router.policy}; SGLang's --dp-size "
                      "balances by its --load-balance-method (round robin by default)")
+    if dp > 1:
+        notes.append(f"router: kvplan routed by {scenario.router.policy} over the DP ranks; SGLang's "
+                     "DP controller balances them by its --load-balance-method")
     notes.append("SGLang's overlap scheduler (on by default) is not modelled by kvplan; "
                  "--disable-overlap-schedule brings the server closer to the simulated one")
     return Command(tuple(argv), (), tuple(notes))
@@ -486,7 +524,10 @@ def _trtllm_serve(scenario: Scenario, dep: Deployment, model: str, fraction: flo
     max_tokens, SchedulerConfig's capacity_scheduler_policy (``get_llm_args`` hard-wires
     GUARANTEED_NO_EVICT). The YAML replaces a whole ``kv_cache_config`` / ``scheduler_config``
     (tensorrt_llm/llmapi/llm_utils.py ``update_llm_args_with_extra_dict`` builds each from its
-    mapping alone), so it repeats free_gpu_memory_fraction."""
+    mapping alone), so it repeats free_gpu_memory_fraction. Data-parallel attention and the MoE
+    layout are BaseLlmArgs fields with no serve.py flag but ``--ep_size``:
+    ``enable_attention_dp``, ``moe_tensor_parallel_size``, ``moe_expert_parallel_size`` (the YAML's
+    top level), with ``--tp_size`` the server's GPUs (tensorrt_llm/mapping.py ``Mapping``)."""
     from simulator.kv.model_config import canonical_dtype
     from simulator.kv.sizing import resolve_kv_dtype
 
@@ -494,7 +535,8 @@ def _trtllm_serve(scenario: Scenario, dep: Deployment, model: str, fraction: flo
     argv = ["trtllm-serve", model,
             "--backend", "pytorch",
             "--port", str(PORT),                                           # serve.py default 8000
-            "--tp_size", str(scenario.tensor_parallel),
+            # tp_size: all the server's GPUs (with attention DP, each a DP rank of its own)
+            "--tp_size", str(scenario.tensor_parallel * scenario.data_parallel_size),
             "--max_batch_size", str(sched.max_num_seqs),
             "--max_num_tokens", str(sched.max_num_batched_tokens),
             "--max_seq_len", str(sched.max_model_len),
@@ -519,11 +561,29 @@ def _trtllm_serve(scenario: Scenario, dep: Deployment, model: str, fraction: flo
     elif fmt.origin == "unquantized" and dep.model.quantization is not None:
         notes.append(f"weights: kvplan sized them in {fmt.model_dtype} (quantization: none); the "
                      f"checkpoint is {dep.model.quantization.method}: serve an unquantized one")
-    if scenario.num_replicas > 1:
+    if scenario.num_replicas > 1 and scenario.data_parallel_size == 1:
         notes.append(f"num_replicas {scenario.num_replicas}: run {scenario.num_replicas} such servers "
                      f"behind a router (kvplan routed by {scenario.router.policy})")
     notes.append("TensorRT-LLM's overlap scheduler (on by default) is not modelled by kvplan; "
                  "disable_overlap_scheduler: true in the YAML brings the server closer to the simulated one")
+    layout: dict[str, Any] = {}
+    cap = dep.capacity
+    if scenario.data_parallel_size > 1:  # BaseLlmArgs.enable_attention_dp
+        layout["enable_attention_dp"] = True
+        if dep.model.is_moe:
+            notes.append(f"moe_dispatch {cap.moe_dispatch}: kvplan simulated it; TensorRT-LLM picks "
+                         "its MoE all-to-all itself under attention DP (fused_moe "
+                         "select_alltoall_method_type: moe_expert_parallel_size > top_k, MNNVL or "
+                         "DeepEP), else all-gathers")
+        if scenario.num_replicas > 1:
+            notes.append(f"num_replicas {scenario.num_replicas} of attention DP: each replica is "
+                         "one such server")
+    if dep.model.is_moe and (cap.ep > 1 or cap.moe_tp != scenario.tensor_parallel
+                             * scenario.data_parallel_size):
+        # BaseLlmArgs.moe_tensor_parallel_size / moe_expert_parallel_size; Mapping checks
+        # tp_size == moe_tp_size x moe_ep_size
+        layout["moe_tensor_parallel_size"] = cap.moe_tp
+        layout["moe_expert_parallel_size"] = cap.ep
     kv = {"free_gpu_memory_fraction": float(_number(fraction)), "tokens_per_block": sched.block_size,
           "enable_block_reuse": sched.enable_prefix_caching, "dtype": dtype}
     if scenario.num_gpu_blocks_override is not None:
@@ -536,7 +596,8 @@ def _trtllm_serve(scenario: Scenario, dep: Deployment, model: str, fraction: flo
     text = ("# kvplan export: TensorRT-LLM LLM API options trtllm-serve has no flag for "
             "(--extra_llm_api_options)\n"
             "# kv_cache_config and scheduler_config replace the server's as a whole\n"
-            + yaml.safe_dump({"kv_cache_config": kv, "scheduler_config": scheduler}, sort_keys=False))
+            + yaml.safe_dump({**layout, "kv_cache_config": kv, "scheduler_config": scheduler},
+                             sort_keys=False))
     return Command(tuple(argv), (), tuple(notes)), text
 
 

@@ -109,7 +109,14 @@ SGLANG_FLAGS: frozenset[str] = frozenset({
     "--enable-mixed-chunk", "--num-continuous-decode-steps",
     "--tp-size", "--tensor-parallel-size", "--pp-size", "--pipeline-parallel-size",
     "--dp-size", "--data-parallel-size", "--load-balance-method", "--random-seed",
+    # DP attention and expert parallelism (ServerArgs.enable_dp_attention, ep_size with its
+    # aliases, moe_a2a_backend)
+    "--enable-dp-attention", "--ep-size", "--expert-parallel-size", "--ep", "--moe-a2a-backend",
 })
+# server_args.py @ 001067ff: ServerArgs.moe_a2a_backend choices (MOE_A2A_BACKEND_CHOICES)
+SGLANG_MOE_A2A_BACKENDS: frozenset[str] = frozenset({
+    "none", "deepep", "mooncake", "nixl", "mori", "ascend_fuseep", "flashinfer", "megamoe",
+    "deepep_v2", "pplx", "ascend_tp"})
 SGLANG_SCHEDULE_POLICIES: frozenset[str] = frozenset({
     "lpm", "random", "fcfs", "dfs-weight", "lof", "priority", "routing-key"})
 SGLANG_KV_CACHE_DTYPES: frozenset[str] = frozenset({
@@ -192,6 +199,14 @@ TRTLLM_KV_CACHE_CONFIG_KEYS: frozenset[str] = frozenset({
     "attention_dp_events_gather_period_ms", "enable_partial_reuse", "copy_on_partial_reuse",
     "use_uvm", "max_gpu_total_bytes", "dtype", "mamba_ssm_cache_dtype", "tokens_per_block",
     "use_kv_cache_manager_v2", "max_util_for_resume",
+})
+# tensorrt_llm/llmapi/llm_args.py @ 0004396720054fd8e205cbf616f21f0b57c6b412 (BaseLlmArgs): the
+# top-level LLM API fields a --extra_llm_api_options YAML sets that kvplan writes: the parallel
+# layout (moe_tensor_parallel_size, moe_expert_parallel_size, enable_attention_dp; passed to
+# _ParallelConfig and so to tensorrt_llm/mapping.py Mapping) and the two configs above and below.
+TRTLLM_LLM_ARGS_KEYS: frozenset[str] = frozenset({
+    "moe_tensor_parallel_size", "moe_expert_parallel_size", "enable_attention_dp",
+    "kv_cache_config", "scheduler_config",
 })
 TRTLLM_SCHEDULER_CONFIG_KEYS: frozenset[str] = frozenset({
     "capacity_scheduler_policy", "context_chunking_policy", "dynamic_batch_config",

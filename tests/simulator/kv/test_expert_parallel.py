@@ -117,15 +117,21 @@ def test_uneven_experts_take_the_fullest_rank() -> None:
     assert cap.expert_weight_bytes == 48 * 43 * 3 * 2048 * 768 * 2
 
 
-@pytest.mark.parametrize(("model", "tp", "dp", "ep", "message"), [
-    ("llama-3.1-8b", 2, 1, True, "dense model"),
-    ("Qwen3-30B-A3B", 1, 1, True, "needs more than one GPU"),
-    ("Qwen3-30B-A3B", 1, 256, True, "exceed"),
-    ("Qwen3-30B-A3B", 1, 2, False, "expert parallelism only"),
+@pytest.mark.parametrize(("model", "tp", "dp", "ep", "moe", "message"), [
+    ("llama-3.1-8b", 2, 1, True, {}, "dense model"),
+    ("llama-3.1-8b", 2, 1, False, {"moe_ep": 2}, "--moe-ep: .* dense model"),
+    ("Qwen3-30B-A3B", 1, 1, True, {}, "needs more than one GPU"),
+    ("Qwen3-30B-A3B", 1, 256, True, {}, "exceed"),
+    ("Qwen3-30B-A3B", 2, 4, False, {"moe_tp": 2, "moe_ep": 2}, "must equal .* = 8"),
+    ("Qwen3-30B-A3B", 2, 4, False, {"moe_ep": 3}, "does not divide the 8 GPUs"),
+    ("Qwen3-30B-A3B", 2, 4, True, {"moe_tp": 2}, "whole experts"),
+    ("Qwen3-30B-A3B", 2, 4, False, {"moe_tp": 2, "moe_dispatch": "all-to-all"}, "all-gather"),
+    ("Qwen3-30B-A3B", 8, 1, False, {"moe_ep": 8, "moe_dispatch": "all-gather"}, "--dp > 1"),
 ])
-def test_bad_layouts_are_one_line_errors(model: str, tp: int, dp: int, ep: bool, message: str) -> None:
+def test_bad_layouts_are_one_line_errors(model: str, tp: int, dp: int, ep: bool,
+                                         moe: dict[str, object], message: str) -> None:
     with pytest.raises(KvplanError, match=message) as err:
-        kv_capacity(get_model(model), H200, tp=tp, dp=dp, enable_expert_parallel=ep)
+        kv_capacity(get_model(model), H200, tp=tp, dp=dp, enable_expert_parallel=ep, **moe)
     assert "\n" not in str(err.value)
 
 
@@ -185,13 +191,25 @@ def test_scenario_runs_one_replica_per_dp_rank() -> None:
 
 def test_scenario_keys_are_checked() -> None:
     base = {"model": "deepseek-v3", "gpu": "h200", "workload": {"trace": "bundled:azure-conv"}}
-    with pytest.raises(KvplanError, match="vllm-v1 only"):
-        parse_scenario({**base, "engine": "sglang", "data_parallel_size": 8,
+    with pytest.raises(KvplanError, match="not vllm-v0"):
+        parse_scenario({**base, "engine": "vllm-v0", "data_parallel_size": 8,
                         "enable_expert_parallel": True}, "x.yaml")
+    with pytest.raises(KvplanError, match="not as a grid"):  # vLLM: all EP or all TP
+        parse_scenario({**base, "tensor_parallel": 8, "moe_expert_parallel_size": 4}, "x.yaml")
     with pytest.raises(KvplanError, match="skew > 0"):
         parse_scenario({**base, "expert_routing": {"distribution": "zipf"}}, "x.yaml")
-    scenario = parse_scenario({**base, "data_parallel_size": 2}, "x.yaml")
-    with pytest.raises(KvplanError, match="x.yaml: data_parallel_size 2 on MoE model"):
-        build_deployment(scenario, Path.cwd(), where="x.yaml")
+    with pytest.raises(KvplanError, match="moe_dispatch"):
+        parse_scenario({**base, "moe_dispatch": "broadcast"}, "x.yaml")
+    # SGLang and TensorRT-LLM lay the MoE out as a grid; vLLM's DP without EP is MoE TP over dp × tp
+    grid = parse_scenario({**base, "engine": "trtllm", "tensor_parallel": 8,
+                           "moe_expert_parallel_size": 4}, "x.yaml")
+    assert (grid.moe_expert_parallel_size, grid.moe_tensor_parallel_size) == (4, None)
+    dp_tp = build_deployment(parse_scenario({**base, "data_parallel_size": 2, "tensor_parallel": 4,
+                                             "max_model_len": 8192}, "x.yaml"), Path.cwd(), where="x.yaml")
+    assert (dp_tp.capacity.moe_tp, dp_tp.capacity.ep, dp_tp.capacity.moe_dispatch) == (8, 1, "all-gather")
+    with pytest.raises(KvplanError, match="x.yaml: moe_expert_parallel_size 3 does not divide"):
+        build_deployment(parse_scenario({**base, "engine": "sglang", "tensor_parallel": 8,
+                                         "moe_expert_parallel_size": 3}, "x.yaml"),
+                         Path.cwd(), where="x.yaml")
     zipf = parse_scenario({**base, "expert_routing": {"distribution": "zipf", "skew": 1.2}}, "x.yaml")
     assert (zipf.expert_routing.distribution, zipf.expert_routing.skew) == ("zipf", 1.2)
