@@ -302,6 +302,19 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
     sglang = scenario.engine == "sglang"
     trtllm = scenario.engine == "trtllm"
     _check_drafting_slots(scenario, batched, where)
+    _check_linear_state(scenario, model, where)
+    if trtllm and max_seqs is not None and max_seqs > batched:
+        # TensorRT-LLM's micro-batch gives each generating request one token and stops at
+        # max_num_tokens (MicroBatchScheduler::operator(), cpp/tensorrt_llm/batch_manager/
+        # microBatchScheduler.cpp): no more than max_num_tokens requests generate in a step.
+        # kvplan decodes every running request each step, so it runs at most that many at once
+        # (the same whenever fewer are in flight: a closed loop of up to max_num_tokens clients).
+        batch_notes = [f"engine trtllm: max_num_seqs (max_batch_size {max_seqs}) above max_num_batched_tokens "
+                       f"(max_num_tokens {batched}): at most {batched} requests generate in a step; kvplan "
+                       "runs at most that many at once"]
+        max_seqs = batched
+    else:
+        batch_notes = []
 
     layout = {"dp": scenario.data_parallel_size,
               "enable_expert_parallel": scenario.enable_expert_parallel,
@@ -336,7 +349,7 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
                             max_model_len=max_model_len,
                             num_gpu_blocks_override=scenario.num_gpu_blocks_override,
                             capacity_at=capacity_at)
-    said = tuple(clamped) + startup.raise_or_warnings(where, scenario.allow_refused) + tuple(
+    said = tuple(batch_notes) + tuple(clamped) + startup.raise_or_warnings(where, scenario.allow_refused) + tuple(
         _offload_dropped(scenario, cap))
     for warning in said:
         warn_user(f"{where}: {warning}")
@@ -520,6 +533,19 @@ def _spec_knobs(scenario: Scenario) -> dict[str, Any]:
     k = spec.num_speculative_tokens
     return {"num_speculative_tokens": k, "spec_acceptance": spec.rates,
             "num_lookahead_tokens": 0 if spec.method == "ngram" else k}
+
+
+def _check_linear_state(scenario: Scenario, model: ModelConfig, where: str) -> None:
+    """A model with linear-attention (recurrent state) layers: kvplan sizes that state only as
+    vLLM V1's hybrid KV cache manager does (simulator/kv/sizing.py ``kv_cache_groups``). The other
+    engines keep it in pools of their own (SGLang's ``MambaPool``, TensorRT-LLM's Mamba cache
+    manager), which kvplan does not model: refuse rather than size every layer as attention."""
+    from simulator.kv.model_config import LINEAR_ATTENTION
+
+    if scenario.engine != "vllm-v1" and model.num_layers_of(LINEAR_ATTENTION):
+        raise KvplanError(
+            f"{where}: {model.name} has linear-attention layers; kvplan sizes their state as vLLM V1's "
+            f"hybrid KV cache manager does, and not {scenario.engine}'s own state pool: give engine: vllm-v1")
 
 
 def _hybrid_manager(scenario: Scenario) -> bool:

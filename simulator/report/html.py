@@ -693,6 +693,10 @@ def _validate_page(folder: Folder) -> Page:
         Section("by-source", "Error per source", _error_table(inside.get("by_source") or {},
                                                                held.get("by_source") or {}, {})),
         Section("largest", "Largest errors", _largest_errors(folder)),
+        *([Section("buckets", "Rows reported apart", _validate_buckets(summary["buckets"]))]
+          if summary.get("buckets") else []),
+        *([Section("coverage", "Coverage", _validate_coverage(summary["coverage"]))]
+          if summary.get("coverage") else []),
         _plots_section(folder, "No plot in the folder (the run was made with --no-plots)."),
         Section("caveats", "Caveats", _validate_caveats(summary)),
         *_missing_section(folder),
@@ -761,6 +765,46 @@ def _largest_errors(folder: Folder) -> str:
              _pct(_float(r.get("error")), signed=True)] for r in rows[:LARGEST_ERRORS]]
     return (f"<p>The {min(LARGEST_ERRORS, len(rows))} rows furthest from the published value "
             "(error = predicted / published − 1); validate.csv has them all.</p>" + _table(head, body))
+
+
+def _validate_coverage(cells: Any) -> str:
+    """validate.json ``summary.coverage``: per GPU × engine × model family, the measurements
+    simulated, refused, not expressible or without result, and the reasons."""
+    if not isinstance(cells, list) or not cells:
+        return '<p class="missing">No coverage recorded.</p>'
+    head = ["GPU", "engine", "family", "measurements", "simulated", "refused", "not expressible",
+            "no result", "why not"]
+    body = []
+    for c in cells:
+        if not isinstance(c, Mapping):
+            continue
+        reasons = c.get("reasons") or {}
+        why = "; ".join(f"{n} {r}" for r, n in reasons.items()) if isinstance(reasons, Mapping) else ""
+        body.append([c.get("gpu"), c.get("engine"), c.get("family"), c.get("measurements"), c.get("simulated"),
+                     c.get("refused"), c.get("not_expressible"), c.get("no_result"), why])
+    return ("<p>What kvplan could answer: <i>refused</i> rows are deployments its start-up checks say "
+            "the engine would not start; <i>not expressible</i> rows name what kvplan lacks.</p>"
+            + _table(head, body))
+
+
+def _validate_buckets(buckets: Any) -> str:
+    """validate.json ``summary.buckets`` (the silicon table): rows by how far their method is
+    established; the headline errors are the established rows'."""
+    if not isinstance(buckets, Mapping):
+        return '<p class="missing">No buckets recorded.</p>'
+    head = ["bucket", "rows", "simulated", "MAPE", "TTFT MAPE", "TPOT MAPE"]
+    body = []
+    for name, b in buckets.items():
+        if not isinstance(b, Mapping):
+            continue
+        m = b.get("by_metric") or {}
+        body.append([name, b.get("num_rows"), b.get("num_simulated"), _pct(b.get("mape")),
+                     _pct((m.get("ttft") or {}).get("mape")), _pct((m.get("itl/tpot") or {}).get("mape"))])
+    return ("<p>Errors above are the <b>established</b> rows'; the others are kept and reported here: "
+            "<i>ambiguous</i> (InferenceX's method, but a detail the sample does not record may differ), "
+            "<i>method unknown</i>, <i>implausible</i> (a TTFT faster than the GPUs' dense peak allows: "
+            "flagged, not fitted), <i>duplicate</i> (the same measurement as another row).</p>"
+            + _table(head, body, key_column=True))
 
 
 def _validate_caveats(summary: Mapping[str, Any]) -> str:

@@ -6,10 +6,22 @@
     kvplan validate --source nim --source trtllm-perf --out runs/validate
     kvplan validate --fit                 # refit the roofline constants, leave one source out
     kvplan validate --fit --write         # ... and make them the defaults (roofline_fit.json)
+    kvplan validate --silicon             # AIConfigurator's silicon sample (validation/silicon.csv)
 
 Writes ``validate.csv`` (one row per published measurement: published, predicted, error, the
 held-out prediction), ``validate.json`` (MAPE and bias per metric and per source, the targets,
 the constants) and ``validate.png`` (predicted vs published, log–log, ±20% bands).
+
+Every run also reports its **coverage**: per GPU × engine × model family, how many rows were
+simulated, refused by kvplan's start-up checks (vLLM would not start them), or could not be
+expressed, and why (printed, ``summary.coverage`` in validate.json, report.html).
+
+``--silicon`` (or ``--table`` naming a table with the silicon columns) validates against
+validation/silicon.csv, AIConfigurator's measured TTFT/TPOT sample with each row's method
+(:mod:`simulator.commands.validate.silicon`): rows become scenarios with the client that
+measured them (:mod:`simulator.commands.validate.silicon_run`), the errors headline the rows whose
+method is established, the others are reported apart (:mod:`simulator.commands.validate.silicon_report`).
+The silicon rows are not fitted (``--fit`` refuses the table).
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ from simulator.latency import constants as rc
 from simulator.latency.constants import FIELDS, RooflineConstants
 from simulator.report.outputs import RUNS_DIR, RunSource, add_replace_arg, check_output, open_output
 from simulator.commands.validate.setups import Setup, group_setups
+from simulator.commands.validate.silicon import default_silicon_path, is_silicon_table
 from simulator.commands.validate.table import default_table_path, read_table, select_sources
 
 if TYPE_CHECKING:
@@ -58,6 +71,10 @@ def add_parser(subparsers: Any) -> None:
                     "roofline constants and measure them leaving one source out).")
     p.add_argument("--source", action="append", metavar="KEY", help="only this source (repeatable)")
     p.add_argument("--table", help="the table to validate against (default: validation/published.csv)")
+    p.add_argument("--silicon", action="store_true",
+                   help="validate against validation/silicon.csv (AIConfigurator's silicon sample)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="with the silicon table: simulate in N processes (default 1)")
     p.add_argument("--out", help="output folder (default: runs/validate/)")
     add_replace_arg(p)
     p.add_argument("--fit", action="store_true",
@@ -79,8 +96,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.write and not args.fit:
         raise KvplanError("--write writes fitted constants: give --fit too")
-    if args.write and (args.source or args.table):
+    if args.write and (args.source or args.table or args.silicon):
         raise KvplanError("--write fits the defaults on the whole shipped table: drop --source/--table")
+    if args.silicon and args.table:
+        raise KvplanError("--silicon is --table validation/silicon.csv: give one of them")
+    if args.silicon or (args.table and is_silicon_table(args.table)):
+        return _run_silicon(args)
     table = Path(args.table) if args.table else default_table_path()
     rows = select_sources(read_table(table), args.source)
     out_dir = Path(args.out) if args.out else RUNS_DIR / "validate"
@@ -128,6 +149,9 @@ def run(args: argparse.Namespace) -> int:
             notes.append("the defaults were fitted on another version of validation/published.csv: "
                          "refit with kvplan validate --fit --write")
     summary["notes"] = notes
+    summary["coverage"] = report.coverage((o.row.row_id, o.row.gpu, o.row.engine, report.family_of(o.row.model),
+                                           o.status) for o in items)
+    summary["coverage_totals"] = report.coverage_totals(summary["coverage"])
     payload = {"table": str(table), "constants": used, "fit": fit_info, "summary": summary}
     # Locked while it writes: the results replace the folder as a whole (simulator/report/outputs.py).
     with open_output(out_dir, command="validate", recognised=VALIDATE_FILES, source=source,
@@ -145,10 +169,70 @@ def run(args: argparse.Namespace) -> int:
         write_fit(constants, fit_info)
     if not args.quiet:
         report.print_report(console, items, summary, constants=used, out_dir=out_dir, rows_table=args.rows)
+        report.print_coverage(console, summary["coverage"])
         for note in notes:
             console.print(f"note: {note}")
         if args.write:
             console.print(f"wrote the fitted defaults to {rc.FIT_PATH}")
+    return 0
+
+
+def _run_silicon(args: argparse.Namespace) -> int:
+    """``kvplan validate --silicon``: the silicon table's rows as scenarios, simulated once per
+    distinct setup with the fitted defaults; errors of the established rows, the others apart,
+    the coverage (simulator/commands/validate/silicon_report.py)."""
+    import time
+
+    from rich.console import Console
+
+    from simulator.commands.validate import report, silicon_report, silicon_run
+    from simulator.commands.validate.silicon import read_silicon
+    from simulator.report.html import write_report
+
+    if args.fit:
+        raise KvplanError("--fit: the silicon table is validated, not fitted (its rows' fit column says "
+                          "which a fit could use)")
+    table = Path(args.table) if args.table else default_silicon_path()
+    if not table.is_file():
+        raise KvplanError(f"validation table '{table}' not found (validation/silicon_convert.py writes it)")
+    rows, extras = read_silicon(table)
+    rows = select_sources(rows, args.source)
+    out_dir = Path(args.out) if args.out else RUNS_DIR / "validate"
+    words = ["validate", "--silicon" if args.silicon else f"--table {args.table}",
+             *(f"--source {s}" for s in args.source or ())]
+    source = RunSource.of("validate", [table], {"sources": args.source, "silicon": True}, " ".join(words))
+    check_output(out_dir, recognised=VALIDATE_FILES, command="validate", source=source, replace=args.replace)
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    setups = silicon_run.group(rows, extras)
+    progress = _progress(args.quiet)
+    start = time.monotonic()
+    with progress if progress is not None else contextlib.nullcontext():
+        task = (progress.add_task("validate", total=silicon_run.count_runs(setups))
+                if progress is not None else None)
+        results = silicon_run.run_all(setups, (lambda: progress.advance(task)) if progress is not None
+                                      else (lambda: None), jobs=max(1, args.jobs))
+    items, info = silicon_report.outcomes(rows, extras, results)
+    summary = silicon_report.summarize(items, info, extras, results, time.monotonic() - start)
+    used = dict(rc.read_fit()["constants"])
+    summary["notes"].append("errors headline the rows whose method is established (bucket 'established'); "
+                            "the other buckets are reported apart and not fitted")
+    payload = {"table": str(table), "constants": used, "fit": None, "summary": summary}
+    with open_output(out_dir, command="validate", recognised=VALIDATE_FILES, source=source,
+                     replace=args.replace) as folder:
+        report.write_csv(folder.staging / "validate.csv", items, silicon_report.CSV_EXTRA, info)
+        _write_json(folder.staging / "validate.json", payload)
+        if not args.no_plots:
+            established = [o for o in items if info[o.row.row_id]["bucket"] == "established"]
+            report.plot(folder.staging / "validate.png", established,
+                        f"kvplan vs {sum(1 for o in established if o.predicted is not None)} silicon-sample "
+                        "measurements (method established)")
+        write_report(folder.staging, "validate")
+    if not args.quiet:
+        report.print_report(console, [o for o in items if info[o.row.row_id]["bucket"] == "established"],
+                            summary, constants=used, out_dir=out_dir, rows_table=args.rows)
+        silicon_report.print_extras(console, summary)
+        for note in summary["notes"]:
+            console.print(f"note: {note}")
     return 0
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,20 +137,129 @@ def _reasons(items: Iterable[RowOutcome]) -> dict[str, int]:
     return dict(sorted(count.items(), key=lambda kv: -kv[1]))
 
 
-def write_csv(path: Path, items: Sequence[RowOutcome]) -> None:
+def write_csv(path: Path, items: Sequence[RowOutcome], extra_columns: Sequence[str] = (),
+              extra: Mapping[str, Mapping[str, str]] | None = None) -> None:
+    """validate.csv: :data:`CSV_COLUMNS`, then ``extra_columns`` from ``extra`` (by row_id)."""
     tmp = path.with_suffix(".csv.tmp")
     with tmp.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f, lineterminator="\n")
-        w.writerow(CSV_COLUMNS)
+        w.writerow((*CSV_COLUMNS, *extra_columns))
         for o in items:
             r = o.row
+            more = (extra or {}).get(r.row_id, {})
             w.writerow([r.row_id, r.source, r.engine, r.model, r.gpu, r.tensor_parallel,
                         r.weight_dtype, r.kv_cache_dtype, r.input_tokens or "", r.output_tokens or "",
                         r.load, _fmt(r.load_value), r.metric, r.statistic, r.unit, _fmt(r.value),
                         _fmt(o.predicted), _fmt(None if o.predicted is None else o.predicted / r.value),
                         _fmt(o.error), _fmt(o.predicted_held_out), _fmt(o.error_held_out), o.status,
-                        r.source_url])
+                        r.source_url, *(more.get(c, "") for c in extra_columns)])
     tmp.replace(path)
+
+
+# --- coverage: how many rows kvplan could answer, and why not the others ----------------------
+
+COVERAGE_STATES = ("simulated", "refused", "not expressible", "no result")
+
+
+def family_of(model: str) -> str:
+    """A model's family for the coverage table: the checkpoint's name without organisation,
+    size, release date, tuning and quantization (``nvidia/Llama-3.3-70B-Instruct-FP8`` ->
+    ``Llama-3.3``, ``deepseek-ai/DeepSeek-R1-0528`` -> ``DeepSeek-R1``, ``Qwen/Qwen3-235B-A22B-FP8``
+    -> ``Qwen3``)."""
+    name = model.rstrip("/").rsplit("/", 1)[-1]
+    name = re.sub(r"(?i)^meta-", "", name)
+    name = re.sub(r"(?i)-(instruct|chat|base|it)(\b.*)?$", "", name)
+    name = re.sub(r"(?i)-(nvfp4|fp4|fp8|mxfp4|int4|int8|awq|gptq|w8a8|w4a16|bf16|modelopt)\b.*$", "", name)
+    name = re.sub(r"(?i)-hf$", "", name)
+    name = re.sub(r"-\d{4}$", "", name)
+    name = re.sub(r"(?i)-\d+(\.\d+)?[bm](-a\d+(\.\d+)?b)?$", "", name)
+    return name or model
+
+
+def coverage_state(status: str) -> str:
+    """simulated / refused / not expressible / no result, from a row's status."""
+    if status == "simulated":
+        return "simulated"
+    if status.startswith(("refused", "deployment refused")):
+        return "refused"
+    if status.startswith(("no request completed", "metric missing")):
+        return "no result"
+    return "not expressible"
+
+
+def coverage_reason(status: str) -> str:
+    """What the coverage table counts a row under: the status without the row's own detail —
+    the parenthesis of a skip reason, the numbers of a refusal or of kvplan's message."""
+    if status.startswith("refused (") or status.startswith("deployment refused ("):
+        inner = re.sub(r"^(validation|silicon) row \S+:\s*", "", status[status.index("(") + 1:].rstrip(")"))
+        return "refused: " + _masked(inner)[:140]
+    if status.startswith("not expressible: "):
+        status = status[len("not expressible: "):]
+    if status.startswith("kvplan: "):
+        return _masked(status)[:140]
+    return status.split(" (")[0]
+
+
+def _masked(text: str) -> str:
+    """Numbers standing alone (not inside a name such as vllm-v1 or b200_sxm) as ``#``."""
+    return re.sub(r"(?<![A-Za-z_\-.\d])\d[\d.,]*", "#", text)
+
+
+def coverage(entries: Iterable[tuple[str, str, str, str, str]]) -> list[dict[str, Any]]:
+    """Per GPU × engine × model family: measurements, how many were simulated, refused by
+    kvplan's start-up checks, not expressible or without result, and the reasons with their
+    counts. ``entries``: (measurement id, GPU, engine, family, status) — a measurement of
+    several rows (a TTFT and a TPOT) is counted once, by its first row's status."""
+    seen: set[str] = set()
+    cells: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for mid, gpu, engine, family, status in entries:
+        if mid in seen:
+            continue
+        seen.add(mid)
+        cell = cells.setdefault((gpu, engine, family), {
+            "gpu": gpu, "engine": engine, "family": family, "measurements": 0,
+            **{s.replace(" ", "_"): 0 for s in COVERAGE_STATES}, "reasons": defaultdict(int)})
+        cell["measurements"] += 1
+        state = coverage_state(status)
+        cell[state.replace(" ", "_")] += 1
+        if state != "simulated":
+            cell["reasons"][coverage_reason(status)] += 1
+    out = []
+    for key in sorted(cells):
+        cell = cells[key]
+        cell["reasons"] = dict(sorted(cell["reasons"].items(), key=lambda kv: (-kv[1], kv[0])))
+        out.append(cell)
+    return out
+
+
+def coverage_totals(cells: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    total: dict[str, Any] = {"measurements": sum(c["measurements"] for c in cells)}
+    for s in COVERAGE_STATES:
+        total[s.replace(" ", "_")] = sum(c[s.replace(" ", "_")] for c in cells)
+    reasons: dict[str, int] = defaultdict(int)
+    for c in cells:
+        for why, n in c["reasons"].items():
+            reasons[why] += n
+    total["reasons"] = dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
+    return total
+
+
+def print_coverage(console: Console, cells: Sequence[Mapping[str, Any]], *, top: int = 2) -> None:
+    t = Table(title="coverage (per GPU × engine × model family; measurements)", title_justify="left")
+    for col in ("GPU", "engine", "family", "rows", "simulated", "refused", "not expressible",
+                "no result", "why not (most rows first)"):
+        t.add_column(col, justify="left" if col in ("GPU", "engine", "family", "why not (most rows first)")
+                     else "right", overflow="fold")
+    for c in cells:
+        why = "; ".join(f"{n} {r if len(r) <= 72 else r[:71] + '…'}" for r, n in list(c["reasons"].items())[:top])
+        t.add_row(c["gpu"], c["engine"], c["family"], str(c["measurements"]), str(c["simulated"]),
+                  str(c["refused"]), str(c["not_expressible"]), str(c["no_result"]), why)
+    tot = coverage_totals(cells)
+    t.add_row("all", "", "", str(tot["measurements"]), str(tot["simulated"]), str(tot["refused"]),
+              str(tot["not_expressible"]), str(tot["no_result"]), "", style="bold")
+    console.print(t)
+    if tot["reasons"]:
+        console.print("why not, all rows: " + "; ".join(f"{n} {r}" for r, n in tot["reasons"].items()))
 
 
 def _fmt(x: float | None) -> str:

@@ -158,3 +158,20 @@ def test_simulate_set_engine_trtllm(tmp_path: Path, capsys: pytest.CaptureFixtur
         summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
         assert summary["paged"]["completed"] == 60 and summary["paged"]["num_preemptions"] == 0
     assert "trtllm: block 32" in capsys.readouterr().out
+
+
+def test_a_batch_above_the_token_budget_runs_at_most_the_budget(recwarn):
+    """TensorRT-LLM accepts max_batch_size above max_num_tokens (InferenceX's DeepSeek-R1 scripts
+    run 2048 / 1152): its micro-batch stops at max_num_tokens, so no more requests than that
+    generate in a step. kvplan runs at most that many at once, and says so."""
+    dep = build_deployment(scenario(max_num_seqs=2048, max_num_batched_tokens=1152), Path("."))
+    assert dep.scheduler_config.max_num_seqs == 1152
+    assert any("at most 1152 requests generate in a step" in w for w in dep.warnings)
+    assert any("at most 1152 requests generate" in str(w.message) for w in recwarn)
+
+
+@pytest.mark.parametrize("engine", ["trtllm", "sglang", "vllm-v0"])
+def test_linear_attention_state_is_sized_for_vllm_v1_only(engine):
+    with pytest.raises(KvplanError, match=f"linear-attention layers.*not {engine}'s own state pool"):
+        build_deployment(scenario(engine=engine, model="qwen3-next-80b-a3b", gpu="h200-141gb",
+                                  tensor_parallel=4), Path("."))

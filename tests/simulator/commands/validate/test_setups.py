@@ -25,7 +25,7 @@ def row(**changes: object) -> PublishedRow:
 
 @pytest.mark.parametrize(("hf_id", "name"), [
     ("meta-llama/Llama-3.1-8B-Instruct", "Llama-3.1-8B"),
-    ("nvidia/Llama-3.1-8B-Instruct-FP8", "Llama-3.1-8B"),
+    ("nvidia/Llama-3.1-8B-Instruct-FP8", "Llama-3.1-8B-ModelOpt-FP8"),  # its own catalog entry
     ("nvidia/Llama-3.3-70B-Instruct-FP8", "Llama-3.3-70B"),
     ("amd/Llama-3.1-70B-Instruct-FP8-KV", "Llama-3.1-70B"),
     ("neuralmagic/Meta-Llama-3.1-8B-Instruct-FP8", "Llama-3.1-8B-FP8"),
