@@ -8,7 +8,7 @@ The rows: validation/silicon.csv's aggregated rows whose method is established (
 ``kvplan validate --silicon`` headlines: InferenceX's client, not a duplicate, not ambiguous, not
 implausible) that kvplan can express, sampled per GPU × engine × model family: up to
 ``--per-cell`` measurements each, spread over the cell's concurrencies (lowest, highest, evenly
-between; deterministic). kvplan simulates them as ``validate --silicon`` does (the InferenceX
+between; the middle one for 1; deterministic). kvplan simulates them as ``validate --silicon`` does (the InferenceX
 client, the script's flags, the shipped roofline constants, which were fitted on
 validation/published.csv and never saw these rows). AIConfigurator estimates each with
 
@@ -17,7 +17,8 @@ validation/published.csv and never saw these rows). AIConfigurator estimates eac
         --moe-tp-size MTP --moe-ep-size MEP --gemm-quant-mode G --moe-quant-mode Q
 
 taking every argument from the sample's own columns for that row (the inputs AIConfigurator's
-maintainers recorded for it), at its default database version per system and backend
+maintainers recorded for it; two model paths are renamed to the configs its wheel bundles,
+:data:`AIC_MODEL_ALIASES`), at its default database version per system and backend
 (``systems/query_versions.yaml``: vLLM 0.24.0, SGLang 0.5.14, TensorRT-LLM 1.3.0rc20 in 0.12.0).
 AIConfigurator must live in a venv of its own (``--aic`` names its executable); its start-up is
 several seconds a row, so ``--jobs`` runs that many at once.
@@ -55,6 +56,10 @@ AIC_ARGS = (("model_path", "--model-path"), ("system", "--system"), ("backend", 
             ("pp_size", "--pp-size"), ("attention_dp_size", "--attention-dp-size"),
             ("moe_tp_size", "--moe-tp-size"), ("moe_ep_size", "--moe-ep-size"),
             ("gemm_quant_mode", "--gemm-quant-mode"), ("moe_quant_mode", "--moe-quant-mode"))
+# Sample model paths the 0.12.0 wheel's offline bundle (aiconfigurator_core/model_configs/) holds
+# under another name; without a network AIConfigurator cannot fetch them from Hugging Face.
+AIC_MODEL_ALIASES = {"meta-llama/Llama-3.1-70B": "meta-llama/Meta-Llama-3.1-70B",
+                     "zhipuai/GLM-5": "zai-org/GLM-5"}
 _RESULT = re.compile(r"^\s*(TTFT|TPOT):\s*([0-9.]+)\s*ms\s*$", re.M)
 
 
@@ -100,7 +105,8 @@ def stratify(setups: Sequence[silicon_run.SiliconSetup], per_cell: int) -> list[
         group = sorted(cells[key], key=lambda s: (s.first.load_value or 0, s.first.input_tokens or 0,
                                                   s.first.output_tokens or 0, s.first.row_id))
         n = min(per_cell, len(group))
-        idx = sorted({round(i * (len(group) - 1) / max(1, n - 1)) for i in range(n)})
+        idx = (sorted({round(i * (len(group) - 1) / (n - 1)) for i in range(n)}) if n > 1
+               else [len(group) // 2])
         picked += [group[i] for i in idx]
     return picked
 
@@ -111,7 +117,8 @@ def aic_estimate(aic: str, sample_row: Mapping[str, str]) -> tuple[dict[str, flo
     cmd = [aic, "cli", "estimate", "--estimate-mode", "agg", "--no-color", "--log-level", "ERROR"]
     for col, flag in AIC_ARGS:
         if sample_row.get(col):
-            cmd += [flag, sample_row[col]]
+            value = sample_row[col]
+            cmd += [flag, AIC_MODEL_ALIASES.get(value, value) if col == "model_path" else value]
     start = time.monotonic()
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=600,

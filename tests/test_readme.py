@@ -47,6 +47,7 @@ SMALL_NUM_REQUESTS = 50  # every simulated workload is cut to this many requests
 # fit's quality is tests/simulator/commands/validate's business.
 VALIDATE_SOURCE = "vllm-ci"
 FIT_SOURCES = ("vllm-ci", "redhat-mlperf")
+SILICON_FIXTURE = ROOT / "tests" / "data" / "silicon" / "silicon_sample_rows.csv"  # nine sample rows
 # fidelity's documented exit statuses (backend/cli.py): 0 every target met, 3 one missed,
 # 4 some target could not be judged; 8 requests on a busy CPU can give any of them
 FIDELITY_RAN = (0, 3, 4)
@@ -227,7 +228,14 @@ def check_fidelity_on_cpu(cmd: Command, tmp: Path, capsys) -> None:
 def check_validate(cmd: Command, tmp: Path, capsys) -> None:
     args = list(cmd.args)
     assert "--write" not in args, "a README command that rewrites the fitted defaults cannot be run here"
-    if "--fit" in args:
+    if "--silicon" in args:  # the whole silicon table takes minutes: the test fixture's rows, converted
+        from simulator.commands.validate import silicon
+
+        table = tmp / "silicon.csv"
+        silicon.write_table(table, silicon.convert(silicon.read_sample(SILICON_FIXTURE)))
+        args = with_option(with_option([a for a in args if a != "--silicon"], "--table", str(table)),
+                           "--jobs", "1")
+    elif "--fit" in args:
         args = [a for a in args if a not in values_of(args, "--source") and a != "--source"]
         args += [x for s in FIT_SOURCES for x in ("--source", s)]
     elif "--source" not in args:
@@ -372,6 +380,9 @@ def rule_for(cmd: Command) -> Rule | None:
         # workloads.py: tests/workloads runs it small; capacity.py and startup.py time commands
         if script in ("simulate.py", "workloads.py", "capacity.py", "startup.py"):
             return Rule("parse (times whole traces and 10^6 requests: a benchmark)",
+                        check_benchmark_help)
+        if script == "vs_aiconfigurator.py":
+            return Rule("parse (needs AIConfigurator in a venv of its own, minutes a run)",
                         check_benchmark_help)
         if script in ("allocator.py", "gpu_check.py"):
             return Rule("run", check_benchmark_small)
