@@ -179,11 +179,11 @@ CASES = [
           " acceptance_rate: 0.5}"),
      "error: {tmp}/s.yaml: speculative.draft_model: Llama-2-7B has a vocabulary of 32,000 tokens,"
      " Llama-3.1-8B of 128,256; vLLM requires a draft model with the target's vocabulary size"),
-    ("no token beside the draft slot", {"s.yaml": ROOFLINE},
+    ("no token beside the lookahead slots", {"s.yaml": ROOFLINE},
      [*spec("{method: draft_model, draft_model: llama-3.1-8b, num_speculative_tokens: 3,"
-            " acceptance_rate: 0.5}"), "--set", "max_num_batched_tokens=1", "--set", "max_num_seqs=1"],
-     "error: {tmp}/s.yaml: speculative: max_num_batched_tokens 1 leaves no token beside the 1 draft"
-     " slot a draft_model request adds; vLLM refuses to start: raise max_num_batched_tokens"),
+            " acceptance_rate: 0.5}"), "--set", "max_num_batched_tokens=3", "--set", "max_num_seqs=1"],
+     "error: {tmp}/s.yaml: speculative: max_num_batched_tokens 3 holds no more than the 3 KV slots a"
+     " draft_model request reserves ahead; vLLM refuses to start: raise max_num_batched_tokens"),
     # --- messages (simulator/config/scenario.py, workloads/spec.py, simulator/cli.py) ---
     ("router as a name", {"s.yaml": SCENARIO + "router: least-outstanding\n"}, SIMULATE,
      "error: {tmp}/s.yaml: router: a mapping, not a policy name: write router: {policy:"

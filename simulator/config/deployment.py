@@ -182,7 +182,9 @@ def engine_defaults(scenario: Scenario, gpu: GPUSpec, max_model_len: int) -> Eng
     * vllm-v1: ``max_num_seqs`` / ``max_num_batched_tokens`` as ``vllm serve`` sets them
       (vllm/engine/arg_utils.py ``EngineArgs.get_batch_defaults``, OPENAI_API_SERVER context):
       1024 / 8192 on a GPU of at least 70 GiB that is not an A100 ("Setting large
-      max_num_batched_tokens for A100 reduces throughput, see PR #17885"), else 256 / 2048;
+      max_num_batched_tokens for A100 reduces throughput, see PR #17885"), else 256 / 2048; an
+      unset ``max_num_seqs`` is cut to the token budget (``min(max_num_seqs,
+      max_num_batched_tokens)``, arg_utils.py ``_set_default_max_num_seqs_and_batched_tokens_args``);
       without chunked prefill the budget must hold a whole prompt: max(max_model_len, that)
       (vllm/config/scheduler.py). Prefix caching on (vllm/engine/arg_utils.py: V1 turns it on
       for generative models unless --no-enable-prefix-caching). Block size 16
@@ -248,8 +250,12 @@ def engine_defaults(scenario: Scenario, gpu: GPUSpec, max_model_len: int) -> Eng
     fraction = scenario.gpu_memory_utilization or 0.9  # vllm/config/cache.py default
     if engine == "vllm-v1":
         big = gpu.hbm_bytes >= 70 * GIB and "a100" not in gpu.name.lower()
-        seqs = scenario.max_num_seqs or (1024 if big else 256)
         batched = scenario.max_num_batched_tokens or (8192 if big else 2048)
+        # an unset max_num_seqs is the default cut to the token budget (arg_utils.py
+        # _set_default_max_num_seqs_and_batched_tokens_args: "if orig_max_num_seqs is None: ...
+        # min(self.max_num_seqs, self.max_num_batched_tokens)"), before the scheduler config
+        # raises an unchunked budget to max_model_len
+        seqs = scenario.max_num_seqs or min(1024 if big else 256, batched)
         if scenario.max_num_batched_tokens is None and not chunked:
             batched = max(max_model_len, batched)
         caching = True if scenario.enable_prefix_caching is None else scenario.enable_prefix_caching
@@ -507,20 +513,20 @@ def _speculative_latency(scenario: Scenario, base: LatencyModel, drafter: ModelC
 
 
 def _check_drafting_slots(scenario: Scenario, max_num_batched_tokens: int, where: str) -> None:
-    """vLLM refuses to start when the token budget leaves no slot beside the draft slots each
-    request adds (vllm/config/vllm.py, ``VllmConfig._set_max_num_scheduled_tokens``: "does not
-    have enough slots to schedule a token", when ``max_num_batched_tokens <=
-    max_num_new_slots_for_drafting``). Those slots (vllm/config/speculative.py,
-    ``SpeculativeConfig.max_num_new_slots_for_drafting``): 1 for a draft model, whose input keeps
-    one unsliced token, 0 for EAGLE, MTP and n-gram (kvplan models no parallel drafting). Past
-    that vLLM starts, and its scheduler cuts each verify to the budget (drafts that do not fit
-    are dropped), as kvplan's does (simulator/scheduler/spec.py)."""
+    """vLLM refuses to start when the token budget holds no more than the KV slots a request
+    reserves past its scheduled tokens (vllm/config/vllm.py, ``VllmConfig._set_max_num_scheduled_tokens``,
+    0.33.0: "does not have enough slots to schedule a token", when ``max_num_batched_tokens <=
+    num_lookahead_tokens``; ``VllmConfig.num_lookahead_tokens``: k for EAGLE, MTP and draft models,
+    0 for n-gram). Past that vLLM starts, and its scheduler cuts each verify to the budget (drafts
+    that do not fit are dropped), as kvplan's does (simulator/scheduler/spec.py)."""
     spec = scenario.speculative
-    slots = 1 if spec is not None and spec.method == "draft_model" else 0
-    if spec is not None and max_num_batched_tokens <= slots:
+    if spec is None:
+        return
+    lookahead = 0 if spec.method == "ngram" else spec.num_speculative_tokens
+    if max_num_batched_tokens <= lookahead:
         raise KvplanError(f"{where}: speculative: max_num_batched_tokens {max_num_batched_tokens}"
-                          f" leaves no token beside the {slots} draft slot a {spec.method} request"
-                          " adds; vLLM refuses to start: raise max_num_batched_tokens")
+                          f" holds no more than the {lookahead} KV slots a {spec.method} request reserves"
+                          " ahead; vLLM refuses to start: raise max_num_batched_tokens")
 
 
 def _spec_knobs(scenario: Scenario) -> dict[str, Any]:
@@ -532,7 +538,9 @@ def _spec_knobs(scenario: Scenario) -> dict[str, Any]:
         return {}
     k = spec.num_speculative_tokens
     return {"num_speculative_tokens": k, "spec_acceptance": spec.rates,
-            "num_lookahead_tokens": 0 if spec.method == "ngram" else k}
+            "num_lookahead_tokens": 0 if spec.method == "ngram" else k,
+            # SpeculativeConfig.max_num_new_slots_for_drafting (vllm/config/speculative.py)
+            "num_draft_slots": 1 if spec.method == "draft_model" else 0}
 
 
 def _check_linear_state(scenario: Scenario, model: ModelConfig, where: str) -> None:

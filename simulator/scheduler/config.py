@@ -62,6 +62,10 @@ class SchedulerConfig:
     spec_acceptance: tuple[float, ...] = ()
     # extra KV slots allocated ahead (Scheduler.__init__: k for EAGLE/MTP and draft models, 0 else)
     num_lookahead_tokens: int = 0
+    # input slots a scheduled request takes beside its tokens (vllm/config/speculative.py
+    # ``max_num_new_slots_for_drafting``: 1 for a draft model, whose input keeps one unsliced
+    # token; 0 for EAGLE, MTP and n-gram): charged per request against max_num_batched_tokens
+    num_draft_slots: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
@@ -111,8 +115,8 @@ class SchedulerConfig:
                                  f"cannot be greater than max_model_len ({self.max_model_len})")
         if not 0.0 <= self.beam_replace_prob <= 1.0:
             raise ValueError("beam_replace_prob must be in [0, 1]")
-        if self.num_speculative_tokens < 0 or self.num_lookahead_tokens < 0:
-            raise ValueError("num_speculative_tokens and num_lookahead_tokens must be >= 0")
+        if self.num_speculative_tokens < 0 or self.num_lookahead_tokens < 0 or self.num_draft_slots < 0:
+            raise ValueError("num_speculative_tokens, num_lookahead_tokens and num_draft_slots must be >= 0")
         if self.num_speculative_tokens:
             if self.engine != "vllm-v1":
                 raise ValueError(f"speculative decoding is simulated for engine vllm-v1 only, not {self.engine}")

@@ -39,6 +39,14 @@ one token every step writes, ``anchor_len`` absorbs the accepted drafts. No grow
 event is filed by counter; growth is checked at each visit and a finish is filed for the step
 that writes the last token.
 
+* Draft slots: a draft model's request takes one input slot beside its tokens
+  (``SpeculativeConfig.max_num_new_slots_for_drafting``, vllm/config/speculative.py: 1 for
+  ``draft_model``, 0 for EAGLE, MTP and n-gram); each scheduled request is charged
+  ``num_new_tokens + draft_slots`` against ``max_num_batched_tokens`` and gets at most
+  ``input_budget - draft_slots`` (``Scheduler.schedule``, vLLM 0.33.0: before it, 0.20's
+  ``VllmConfig._set_max_num_scheduled_tokens`` took ``max_num_seqs × draft_slots`` off the
+  budget once).
+
 Where this differs from vLLM: decodes are charged against the budget ahead of prefill chunks
 (the core's accounting; vLLM interleaves them in running order) and when the budget cannot
 hold every decode's drafts, the later decodes lose drafts rather than their turn.
@@ -90,7 +98,10 @@ class SpecDecodeScheduler(V1Scheduler):
         the KV slots ``allocate_slots`` asks for; a prefill its next chunk from what is left."""
         cfg, alloc = self.config, self.alloc
         k, lookahead, max_len = self.num_spec, self.lookahead, cfg.max_model_len
-        max_tokens = cfg.max_num_batched_tokens
+        # every scheduled request also takes ``num_draft_slots`` input slots (a draft model's 1:
+        # vLLM's running loop charges ``num_new_tokens + draft_slots`` to the input budget)
+        slots = cfg.num_draft_slots
+        max_tokens = cfg.max_num_batched_tokens - self._n_dec * slots
         draft_room = max_tokens - self._n_dec  # budget left for drafts once every decode has 1
         visits = [*self.decoding.values(), *self.prefilling.values()]
         visits.sort(key=_by_admission)
@@ -126,7 +137,7 @@ class SpecDecodeScheduler(V1Scheduler):
                 n = g.num_prefill_target - g.num_computed
                 if 0 < threshold < n:
                     n = threshold
-                budget = max_tokens - self._n_dec - drafted - used
+                budget = max_tokens - self._n_dec - drafted - used - slots
                 if n > budget:
                     n = budget
                 if n <= 0:
@@ -134,7 +145,7 @@ class SpecDecodeScheduler(V1Scheduler):
                 if not self._grow_prefill(g, g.num_computed + n):
                     break
                 chunks.append(self._chunk(g, n))
-                used += n
+                used += n + slots
         if self._preempted:  # a later growth may have preempted a decode counted above
             verify = [(g, x) for g, x in verify if g.status is decoding]
             drafted = sum(x for _, x in verify)

@@ -284,6 +284,11 @@ class V1Scheduler(Scheduler):
         cfg, alloc = self.config, self.alloc
         threshold = self.long_prefill_token_threshold
         waiting = self.waiting
+        # a draft model's request takes a draft slot of the budget beside its tokens (vLLM's
+        # waiting loop: ``input_budget <= draft_slots`` stops it, a request gets at most
+        # ``input_budget - draft_slots`` and is charged ``num_new_tokens + draft_slots``)
+        slots = cfg.num_draft_slots
+        budget -= slots
         while waiting and budget > 0:
             if self._num_running_seqs >= cfg.max_num_seqs:
                 break
@@ -335,8 +340,8 @@ class V1Scheduler(Scheduler):
             self._num_running_seqs += 1
             self._prefill_written += cached
             chunks.append(self._chunk(g, n))
-            budget -= n
-        return budget
+            budget -= n + slots
+        return budget + slots
 
     def _fits_whole(self, g: Group, cached: int, reserve: int = 0) -> bool:
         """``full_sequence_must_fit``: the whole sequence's blocks, less its cache hits, fit the

@@ -58,6 +58,20 @@ def test_v1_defaults_follow_vllm_serve_by_gpu() -> None:
     assert whole.max_num_batched_tokens == 32768
 
 
+def test_v1_cuts_an_unset_max_num_seqs_to_the_token_budget() -> None:
+    # arg_utils.py _set_default_max_num_seqs_and_batched_tokens_args: with max_num_seqs unset,
+    # min(default, max_num_batched_tokens) -- so `vllm serve --max-num-batched-tokens 512` starts
+    # on an H100 with 512 sequences; a max_num_seqs given above the budget is still refused
+    small = engine_defaults(scenario(max_num_batched_tokens=512), get_gpu("h100"), 4096)
+    assert (small.max_num_seqs, small.max_num_batched_tokens) == (512, 512)
+    dep = build_deployment(scenario(max_num_batched_tokens=512), Path("."))
+    assert dep.scheduler_config.max_num_seqs == 512
+    a100 = engine_defaults(scenario(gpu="a100-80gb", max_num_batched_tokens=128), get_gpu("a100-80gb"), 4096)
+    assert a100.max_num_seqs == 128
+    with pytest.raises(KvplanError, match=r"max_num_batched_tokens \(512\) must be >= max_num_seqs \(1024\)"):
+        build_deployment(scenario(max_num_batched_tokens=512, max_num_seqs=1024), Path("."))
+
+
 def test_v0_defaults_are_unchanged() -> None:
     v0 = engine_defaults(scenario(engine="vllm-v0"), get_gpu("h100"), 4096)
     assert (v0.max_num_seqs, v0.max_num_batched_tokens, v0.block_size, v0.enable_prefix_caching) == (

@@ -73,6 +73,29 @@ def test_acceptance_zero_emits_one_per_step():
     assert alloc.num_seqs == 0
 
 
+def test_a_draft_models_slot_is_charged_per_scheduled_request():
+    """vLLM 0.33.0 ``Scheduler.schedule``: each scheduled request is charged ``num_new_tokens +
+    draft_slots`` against ``max_num_batched_tokens`` and gets at most ``input_budget -
+    draft_slots`` (draft_model: 1 slot). Budget 8, prompts 5 and 3, k = 3, by hand:
+
+    * step 0 (waiting loop): request 0 gets min(5, 8 - 1) = 5, input budget 8 - 6 = 2; request 1
+      gets min(3, token budget 3, 2 - 1) = 1 (a chunk), input budget 0. Without the slot: 5 + 3.
+    * step 1 (running loop): request 0 decodes 1 + 3 drafts = 4, input budget 8 - 5 = 3; request 1's
+      remaining 2 tokens fit 3 - 1 = 2 exactly.
+    * step 2: both decode. Request 0: 4 tokens, input budget 8 - 5 = 3; request 1: min(4, 3 - 1) =
+      2 tokens, its token and 1 draft (the other drafts dropped): 4 drafts in all, not 6."""
+    def run(slots: int):
+        cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=8, max_model_len=64, block_size=4,
+                              engine="vllm-v1", num_speculative_tokens=3, spec_acceptance=(0.0, 0.0, 0.0),
+                              num_lookahead_tokens=3, num_draft_slots=slots, seed=0)
+        alloc = PagedAllocator(40, 4)
+        return drive(make_scheduler(alloc, cfg), alloc, two_requests())
+
+    steps = [([c.num_tokens for c in p.prefills], p.num_decode_seqs, p.num_spec_tokens) for p, _ in run(1)[:3]]
+    assert steps == [([5, 1], 0, 0), ([2], 1, 3), ([], 2, 4)]
+    assert [c.num_tokens for c in run(0)[0][0].prefills] == [5, 3]
+
+
 def test_lookahead_slots_as_allocate_slots():
     """allocate_slots: comp + new + lookahead = L + (1 + k) + k slots, capped at the final length.
     Request 0 after prefill has L = 5 written: 5 + 4 + 3 = 12 slots = 3 blocks of 4; request 1
