@@ -381,6 +381,8 @@ def rule_for(cmd: Command) -> Rule | None:
         if script in ("simulate.py", "workloads.py", "capacity.py", "startup.py"):
             return Rule("parse (times whole traces and 10^6 requests: a benchmark)",
                         check_benchmark_help)
+        if script == "parity_vllm.py":
+            return Rule("parse (needs vLLM in a venv of its own)", check_benchmark_help)
         if script == "vs_aiconfigurator.py":
             return Rule("parse (needs AIConfigurator in a venv of its own, minutes a run)",
                         check_benchmark_help)
