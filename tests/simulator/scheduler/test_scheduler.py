@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 import pytest
 
@@ -115,6 +116,49 @@ def drive(sched: Scheduler, alloc: KVAllocator, arrivals: dict[int, list[Request
     assert alloc.num_free_tokens() == alloc.capacity_tokens
     assert all(g.status in (Status.FINISHED, Status.REJECTED) for g in sched.groups.values())
     return history
+
+
+class Step(NamedTuple):
+    """One traced step of a hand-derived golden (:func:`trace`)."""
+
+    chunks: dict[int, tuple[int, int]]  # request id -> (tokens computed this step, computed before)
+    decodes: tuple[int, ...]  # request ids decoding this step
+    preempted: tuple[int, ...]  # request ids preempted (TensorRT-LLM: paused) while building this step
+    first: tuple[int, ...]  # request ids that emitted their first token
+    finished: tuple[int, ...]
+
+
+def trace(sched: Scheduler, alloc: KVAllocator, num_steps: int,
+          arrivals: dict[int, list[Request]] | None = None) -> list[Step]:
+    """``num_steps`` steps (fewer if the work ends) with every check; ``arrivals[i]`` are added
+    before step i."""
+    out = []
+    for i in range(num_steps):
+        for r in (arrivals or {}).get(i, ()):
+            sched.add_request(r)
+        if not sched.has_work:
+            break
+        plan = sched.schedule()
+        owner = {g.seq_ids[0]: g.request_id for g in sched.running.values()}
+        decodes = tuple(sorted(sched.decoding))
+        outcome = sched.complete(plan)
+        alloc.check_invariants()
+        check_snapshot(sched, alloc)
+        out.append(Step({owner[c.seq_id]: (c.num_tokens, c.num_computed_tokens) for c in plan.prefills},
+                        decodes, plan.preempted, tuple(g.request_id for g in outcome.first_token),
+                        tuple(g.request_id for g in outcome.finished)))
+    return out
+
+
+def finish(sched: Scheduler, alloc: KVAllocator) -> None:
+    """Run the rest with every check (:func:`step`); nothing leaks."""
+    for _ in range(1000):
+        if not sched.has_work:
+            break
+        step(sched, alloc)
+    assert not sched.has_work
+    assert alloc.num_seqs == 0 and alloc.num_free_tokens() == alloc.capacity_tokens
+    assert getattr(sched, "reserved_blocks", 0) == 0  # TensorRT-LLM's no-evict reservations: all returned
 
 
 def paged(num_blocks: int, block_size: int = 4, *, prefix: bool = False) -> PagedAllocator:

@@ -7,26 +7,18 @@ also checks the allocator's invariants and the memory snapshot (tests/.../test_s
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import pytest
 
 from simulator.kv.contiguous import ContiguousAllocator
 from simulator.kv.paged import PagedAllocator
 from simulator.scheduler import SchedulerConfig, Status, make_scheduler
 from simulator.scheduler.v1 import V1Scheduler
-from tests.simulator.scheduler.test_scheduler import check_snapshot, step
+from tests.simulator.scheduler.test_scheduler import Step, finish, step, trace
 from workloads.request import Request
 
 BS = 4
 
 
-class Step(NamedTuple):
-    chunks: dict[int, tuple[int, int]]  # request id -> (tokens computed this step, computed before)
-    decodes: tuple[int, ...]  # request ids decoding this step
-    preempted: tuple[int, ...]
-    first: tuple[int, ...]  # request ids that emitted their first token
-    finished: tuple[int, ...]
 
 
 def v1(num_blocks: int, *, caching: bool = False, **knobs: object) -> tuple[V1Scheduler, PagedAllocator]:
@@ -39,35 +31,8 @@ def v1(num_blocks: int, *, caching: bool = False, **knobs: object) -> tuple[V1Sc
     return sched, alloc
 
 
-def trace(sched: V1Scheduler, alloc: PagedAllocator, num_steps: int,
-          arrivals: dict[int, list[Request]] | None = None) -> list[Step]:
-    """``num_steps`` steps (fewer if the work ends); ``arrivals[i]`` are added before step i."""
-    out = []
-    for i in range(num_steps):
-        for r in (arrivals or {}).get(i, ()):
-            sched.add_request(r)
-        if not sched.has_work:
-            break
-        plan = sched.schedule()
-        owner = {g.seq_ids[0]: g.request_id for g in sched.running.values()}
-        decodes = tuple(sorted(sched.decoding))
-        outcome = sched.complete(plan)
-        alloc.check_invariants()
-        check_snapshot(sched, alloc)
-        out.append(Step({owner[c.seq_id]: (c.num_tokens, c.num_computed_tokens) for c in plan.prefills},
-                        decodes, plan.preempted, tuple(g.request_id for g in outcome.first_token),
-                        tuple(g.request_id for g in outcome.finished)))
-    return out
 
 
-def finish(sched: V1Scheduler, alloc: PagedAllocator) -> None:
-    """Run the rest with every check (tests/.../test_scheduler.py ``step``); nothing leaks."""
-    for _ in range(1000):
-        if not sched.has_work:
-            break
-        step(sched, alloc)
-    assert not sched.has_work
-    assert alloc.num_seqs == 0 and alloc.num_free_tokens() == alloc.capacity_tokens
 
 
 # ----------------------------------------------------------------------------- one budget
