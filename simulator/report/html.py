@@ -701,7 +701,8 @@ def _validate_page(folder: Folder) -> Page:
         Section("caveats", "Caveats", _validate_caveats(summary)),
         *_missing_section(folder),
     ]
-    return Page("kvplan validate", "published GPU serving measurements against kvplan's predictions",
+    what = ("AIConfigurator's silicon sample" if summary.get("buckets") else "published GPU serving measurements")
+    return Page("kvplan validate", f"{what} against kvplan's predictions",
                 _validate_headline(summary), tuple(sections))
 
 
@@ -714,9 +715,18 @@ def _validate_headline(summary: Mapping[str, Any]) -> str:
                       f"{_pct((held.get(m) or {}).get('mape'))}"
                       for m, label in METRIC_LABELS.items() if m in inside or m in held)
     overall = (summary.get("in_sample") or {}).get("overall") or {}
+    errors = f"mean absolute error {_pct(overall.get('mape'))}, {_pct(overall.get('within_20pct'))} within ±20%"
+    established = (summary.get("buckets") or {}).get("established")
+    if isinstance(established, Mapping):  # the silicon table: the errors are the established rows'
+        return (f"<p><b>{_ef(established.get('num_simulated'))} of {_ef(established.get('num_rows'))} rows whose "
+                f"method is established</b> simulated: {errors}. {_ef(summary.get('num_simulated'))} of "
+                f"{_ef(summary.get('num_rows'))} rows in all; the others are reported apart "
+                "(<a href=\"#buckets\">Rows reported apart</a>).</p>"
+                "<p>The shipped constants never saw these rows: " + "; ".join(
+                    f"{label} {_pct((inside.get(m) or {}).get('mape'))}" for m, label in METRIC_LABELS.items()
+                    if m in inside) + ".</p>")
     return (f"<p><b>{_ef(summary.get('num_simulated'))} of {_ef(summary.get('num_rows'))} published "
-            f"measurements</b> ({_ef(summary.get('num_sources'))} sources) simulated: mean absolute error "
-            f"{_pct(overall.get('mape'))}, {_pct(overall.get('within_20pct'))} within ±20%.</p>"
+            f"measurements</b> ({_ef(summary.get('num_sources'))} sources) simulated: {errors}.</p>"
             f"<p>In sample / held-out source: {parts}.</p>")
 
 
@@ -756,6 +766,9 @@ def _largest_errors(folder: Folder) -> str:
     except (OSError, csv.Error) as err:
         folder.missing.append(f"validate.csv: unreadable ({err})")
         return '<p class="missing">validate.csv is unreadable.</p>'
+    which = "rows"
+    if rows and "bucket" in rows[0]:  # the silicon table: the rows the errors above are of
+        rows, which = [r for r in rows if r.get("bucket") == "established"], "established rows"
     rows.sort(key=lambda r: -abs(float(r["error"])))
     head = ["row", "model", "GPU", "TP", "load", "metric", "published", "predicted", "unit", "error"]
     body = [[r.get("row_id"), r.get("model"), r.get("gpu"), _int(r.get("tensor_parallel")),
@@ -763,7 +776,7 @@ def _largest_errors(folder: Folder) -> str:
              _join(r.get("metric"), r.get("statistic") if r.get("statistic") != "value" else None),
              _float(r.get("published")), _float(r.get("predicted")), r.get("unit"),
              _pct(_float(r.get("error")), signed=True)] for r in rows[:LARGEST_ERRORS]]
-    return (f"<p>The {min(LARGEST_ERRORS, len(rows))} rows furthest from the published value "
+    return (f"<p>The {min(LARGEST_ERRORS, len(rows))} {which} furthest from the published value "
             "(error = predicted / published − 1); validate.csv has them all.</p>" + _table(head, body))
 
 

@@ -251,6 +251,12 @@ def test_validate_silicon_writes_coverage_and_buckets(tmp_path: Path, capsys) ->
     assert all(r["fit"] == ("yes" if r["bucket"] == "established" else "no") for r in rows)
     html = (out / "report.html").read_text()
     assert "Coverage" in html and "Rows reported apart" in html
+    # the headline's errors are the established rows', and says how many of all rows ran
+    est = summary["buckets"]["established"]
+    assert f"{est['num_simulated']} of {est['num_rows']} rows whose method is established" in html
+    assert "silicon sample against kvplan" in html
+    largest = html.split('id="largest"', 1)[1].split("</section>", 1)[0]
+    assert f"The {min(10, est['num_simulated'])} established rows furthest" in largest
 
 
 def test_silicon_flags_are_one_line_errors(tmp_path: Path, capsys) -> None:
