@@ -204,7 +204,7 @@ def _run_to_the_end(cmd: list[str], cwd: Path, env: dict[str, str], timeout_s: f
     try:
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        pass
+        pass  # a script that waits on its (stubbed) server: what it recorded is read all the same
     deadline = time.monotonic() + 5.0
     try:
         while time.monotonic() < deadline:
@@ -212,7 +212,7 @@ def _run_to_the_end(cmd: list[str], cwd: Path, env: dict[str, str], timeout_s: f
             time.sleep(0.02)
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        pass
+        pass  # the whole session has exited: nothing left to kill
     proc.wait()
 
 

@@ -130,7 +130,7 @@ def find_model(served: str, aic_model: str) -> tuple[str | None, bool]:
     try:
         return get_model(served).name, True
     except KvplanError:
-        pass
+        pass  # not in the catalog under the served name: the variants below, then AIC's path
     # the same checkpoint under the name the catalog has: NVIDIA's NVFP4 re-releases
     # (nvidia/DeepSeek-R1-0528-FP4-V2, -NVFP4-v2) are the architecture and format of its
     # -NVFP4 checkpoint; a release date (-0528) does not change the shape

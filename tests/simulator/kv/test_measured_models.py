@@ -94,7 +94,7 @@ def test_deepseek_v3_2_is_v3_plus_its_indexer() -> None:
     ("qwen3-235b-a22b-nvfp4", "qwen3-235b-a22b"),
 ])
 def test_quantized_checkpoints_are_their_base_network(checkpoint: str, base: str) -> None:
-    if checkpoint in {k.lower() for k in not_modelled()}:
+    if checkpoint in {k.lower() for k in not_modelled()}:  # listed, its quantization not read yet:
         pytest.skip(f"{checkpoint}: {not_modelled()}")
     a, b = get_model(checkpoint), get_model(base)
     assert (a.num_params, a.num_active_params, a.layer_types) == (b.num_params, b.num_active_params,
@@ -131,7 +131,7 @@ def test_quantized_checkpoints_are_their_base_network(checkpoint: str, base: str
     ("qwen3-235b-a22b-fp8", 4, "auto", 94 * 2 * 1 * 128 * 2),
 ])
 def test_kv_bytes_per_token_by_hand(name: str, tp: int, kv: str, beta: int) -> None:
-    if name in {k.lower() for k in not_modelled()}:
+    if name in {k.lower() for k in not_modelled()}:  # listed, its quantization not read yet:
         pytest.skip(f"{name}: {not_modelled()}")
     assert _beta(name, tp, kv) == beta
 
@@ -352,7 +352,7 @@ workload:
     ("MiniMax-M2.5-NVFP4", "b200", 2),
 ])
 def test_a_tiny_simulate_runs(tmp_path: Path, name: str, gpu: str, tp: int) -> None:
-    if name in not_modelled():
+    if name in not_modelled():  # listed, its quantization not read yet: the catalog says so
         pytest.skip(f"{name}: {not_modelled()[name]}")
     path = tmp_path / "s.yaml"
     path.write_text(SCENARIO.format(model=name, gpu=gpu, tp=tp))
