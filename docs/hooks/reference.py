@@ -634,7 +634,35 @@ def roofline_fit() -> str:
             f"from {len(error['in_sample_mape']['by_source'])} sources; objective: {fit['objective']}. "
             f"From `{relative(path)}`, which `kvplan validate --fit --write` writes.")
     return "\n".join([head, "", *rows, "", "Mean absolute percentage error per metric:", "", *err_rows, "",
-                      "Per source (— : no row of that source could be simulated):", "", *src_rows]) + "\n"
+                      "Per source (— : no row of that source could be simulated):", "", *src_rows,
+                      *_architecture_sets(data)]) + "\n"
+
+
+def _architecture_sets(data: dict) -> list[str]:
+    """The per-architecture sets (validate --silicon --fit --write) and their errors, if any."""
+    info = data["fit"].get("per_architecture")
+    if not info:
+        return []
+    archs = info["architectures"]
+    names = [n for n in data["constants"]]
+    out = ["", f"Per GPU architecture, fitted on `{info['fitted_on']}` on {info['date']} "
+               f"(objective: {info['objective']}; {info['adoption']}). A GPU of an adopted "
+               "architecture takes its set; the others take the global one.", "",
+           "| constant | " + " | ".join(archs) + " |", "|---|" + "---|" * len(archs)]
+    for name in names:
+        cells = []
+        for arch in archs:
+            value = data.get("per_architecture", {}).get(arch, {}).get(name)
+            cells.append("—" if value is None else (f"{value:.3g}" if not name.endswith("_s") else _seconds(value)))
+        out.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    out += ["", "| architecture | rows | adopted | TTFT global / fitted / held out | "
+                "TPOT global / fitted / held out |", "|---|---|---|---|---|"]
+    for arch, a in archs.items():
+        m = a["mape"]
+        out.append(f"| {arch} | {a['num_rows']} | {'yes' if a['adopted'] else 'no'} | "
+                   + " / ".join(_pct(m[k]["ttft"]) for k in ("global", "fitted", "held_out")) + " | "
+                   + " / ".join(_pct(m[k]["tpot"]) for k in ("global", "fitted", "held_out")) + " |")
+    return out
 
 
 def _pct(value: float | None) -> str:

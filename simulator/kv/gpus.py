@@ -205,6 +205,26 @@ _ALIASES: dict[str, str] = {
 }
 
 
+# Each GPU's architecture (the chip generation its tensor cores and memory system come from),
+# as its vendor names it: NVIDIA's architecture whitepapers (Ampere GA100/GA102, Ada AD102/AD104,
+# Hopper GH100, Blackwell GB100/GB110 with Blackwell Ultra in B300/GB300) and AMD's CDNA 3
+# (MI300X, MI325X) and CDNA 4 (MI355X) whitepapers. The roofline's fitted constants may differ by
+# architecture (simulator/latency/constants.py: a GPU takes its architecture's set, where one was
+# fitted, else the global set).
+ARCHITECTURE: dict[str, str] = {
+    "A100-40GB": "ampere", "A100-80GB": "ampere", "A10G": "ampere",
+    "L4": "ada", "RTX-4090": "ada",
+    "H100-80GB": "hopper", "H200-141GB": "hopper",
+    "B200-180GB": "blackwell", "B300-288GB": "blackwell", "GB200": "blackwell", "GB300": "blackwell",
+    "MI300X": "cdna3", "MI325X": "cdna3", "MI355X": "cdna4",
+}
+
+
+def architecture(gpu: GPUSpec | str) -> str:
+    """The GPU's architecture (:data:`ARCHITECTURE`); "" for a GPU outside the catalog."""
+    return ARCHITECTURE.get(gpu if isinstance(gpu, str) else gpu.name, "")
+
+
 def _normalize(name: str) -> str:
     """Case, spaces, dashes and underscores do not matter: "H100_80GB" == "h100-80gb"."""
     return re.sub(r"[\s_\-]", "", name.lower())

@@ -11,6 +11,8 @@ under ``latency:``.
 
     {"kvplan_roofline_fit": 1,
      "constants": {"mem_efficiency": 0.8, ...},             # every GPU
+     "per_architecture": {"hopper": {...every field...}},  # fitted on that architecture's
+                                                            # silicon rows (validate --silicon --fit)
      "per_gpu": {"A100-80GB": {"mem_efficiency": 0.85}},    # where the data says a GPU differs
      "allreduce_latency_s": {"fabric": 2e-5, "pcie": 2e-5}, # per call, by interconnect kind
      "fit": {...}}                                          # what it was fitted on, and its error
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.errors import KvplanError
-from simulator.kv.gpus import GPUSpec
+from simulator.kv.gpus import GPUSpec, architecture
 
 FIT_PATH = Path(__file__).with_name("roofline_fit.json")
 FIT_VERSION = 1
@@ -88,8 +90,10 @@ def interconnect_kind(gpu: GPUSpec) -> str:
 
 
 @lru_cache(maxsize=1)
-def read_fit(path: Path = FIT_PATH) -> dict[str, Any]:
-    """The fit file (see the module docstring). A missing or malformed file is a broken install."""
+def read_fit(path: Path | None = None) -> dict[str, Any]:
+    """The fit file (default :data:`FIT_PATH`; see the module docstring). A missing or malformed
+    file is a broken install."""
+    path = path if path is not None else FIT_PATH
     data = json.loads(path.read_text(encoding="utf-8"))
     if data.get("kvplan_roofline_fit") != FIT_VERSION:
         raise RuntimeError(f"{path}: not a version-{FIT_VERSION} roofline fit")
@@ -97,14 +101,31 @@ def read_fit(path: Path = FIT_PATH) -> dict[str, Any]:
 
 
 def default_constants(gpu: GPUSpec, fit: dict[str, Any] | None = None) -> RooflineConstants:
-    """The fitted constants for ``gpu``: the global fit, then the GPU's own overrides, then the
-    all-reduce latency of its interconnect kind."""
+    """The fitted constants for ``gpu``: the global fit with the all-reduce latency of its
+    interconnect kind, then its architecture's set where one was fitted (``per_architecture``:
+    fitted on that architecture's silicon measurements, every field), then the GPU's own
+    overrides."""
     fit = fit if fit is not None else read_fit()
     values = dict(fit["constants"])
-    values.update(fit.get("per_gpu", {}).get(gpu.name, {}))
     latency = fit.get("allreduce_latency_s", {})
     values["allreduce_latency_s"] = latency.get(interconnect_kind(gpu), values.get("allreduce_latency_s", 0.0))
+    values.update(fit.get("per_architecture", {}).get(architecture(gpu), {}))
+    values.update(fit.get("per_gpu", {}).get(gpu.name, {}))
     return RooflineConstants(**{k: float(values[k]) for k in FIELDS})
+
+
+def global_constants(gpu: GPUSpec, fit: dict[str, Any] | None = None) -> RooflineConstants:
+    """The constants ``gpu`` takes from the global set alone (no architecture's set): where an
+    architecture's fit starts."""
+    fit = fit if fit is not None else read_fit()
+    return default_constants(gpu, {**fit, "per_architecture": {}})
+
+
+def constants_set(gpu: GPUSpec, fit: dict[str, Any] | None = None) -> str:
+    """Which fitted set ``gpu`` takes: ``"global"``, or its architecture's name."""
+    fit = fit if fit is not None else read_fit()
+    arch = architecture(gpu)
+    return arch if arch in fit.get("per_architecture", {}) else "global"
 
 
 def fit_provenance(fit: dict[str, Any] | None = None) -> dict[str, Any]:

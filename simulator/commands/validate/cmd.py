@@ -7,6 +7,7 @@
     kvplan validate --fit                 # refit the roofline constants, leave one source out
     kvplan validate --fit --write         # ... and make them the defaults (roofline_fit.json)
     kvplan validate --silicon             # AIConfigurator's silicon sample (validation/silicon.csv)
+    kvplan validate --silicon --fit       # per-architecture constants, leave one model family out
 
 Writes ``validate.csv`` (one row per published measurement: published, predicted, error, the
 held-out prediction), ``validate.json`` (MAPE and bias per metric and per source, the targets,
@@ -21,7 +22,10 @@ validation/silicon.csv, AIConfigurator's measured TTFT/TPOT sample with each row
 (:mod:`simulator.commands.validate.silicon`): rows become scenarios with the client that
 measured them (:mod:`simulator.commands.validate.silicon_run`), the errors headline the rows whose
 method is established, the others are reported apart (:mod:`simulator.commands.validate.silicon_report`).
-The silicon rows are not fitted (``--fit`` refuses the table).
+``--silicon --fit`` fits a set of roofline constants per GPU architecture on the established
+silicon rows, leaves each model family out in turn and compares with the global set
+(:mod:`simulator.commands.validate.silicon_fit`); ``--silicon --fit --write`` puts the sets that
+beat the global one held out into roofline_fit.json, for their architecture's GPUs.
 """
 
 from __future__ import annotations
@@ -73,14 +77,17 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--table", help="the table to validate against (default: validation/published.csv)")
     p.add_argument("--silicon", action="store_true",
                    help="validate against validation/silicon.csv (AIConfigurator's silicon sample)")
-    p.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="with the silicon table: simulate in N processes (default 1)")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="with the silicon table: simulate in N processes (default: the CPUs this "
+                        "process may use, at most 8)")
     p.add_argument("--out", help="output folder (default: runs/validate/)")
     add_replace_arg(p)
     p.add_argument("--fit", action="store_true",
-                   help="refit the roofline constants on the table and report leave-one-source-out errors")
+                   help="refit the roofline constants on the table and report leave-one-source-out errors "
+                        "(with --silicon: a set per GPU architecture, leave one model family out)")
     p.add_argument("--write", action="store_true",
-                   help="with --fit: write the fitted constants as kvplan's defaults")
+                   help="with --fit: write the fitted constants as kvplan's defaults (with --silicon: "
+                        "the architecture sets that beat the global one held out)")
     p.add_argument("--rows", action="store_true", help="print every row, not only the summaries")
     p.add_argument("--no-plots", action="store_true", help="skip validate.png")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no tables")
@@ -96,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.write and not args.fit:
         raise KvplanError("--write writes fitted constants: give --fit too")
-    if args.write and (args.source or args.table or args.silicon):
+    _jobs(args.jobs)  # a bad --jobs fails now, not after the table is read
+    if args.write and (args.source or args.table):
         raise KvplanError("--write fits the defaults on the whole shipped table: drop --source/--table")
     if args.silicon and args.table:
         raise KvplanError("--silicon is --table validation/silicon.csv: give one of them")
@@ -119,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     held_out: dict[str, float] | None = None
     fit_info: dict[str, Any] | None = None
     with progress if progress is not None else contextlib.nullcontext():
-        task = progress.add_task("validate", total=total) if progress is not None else None
+        task = progress.add_task("validate", total=total, unit="simulations") if progress is not None else None
         tick = (lambda: progress.advance(task)) if progress is not None else (lambda: None)
         if args.fit:
             constants, results, held_out, fit_info = fit_defaults(runnable, tick)
@@ -189,9 +197,6 @@ def _run_silicon(args: argparse.Namespace) -> int:
     from simulator.commands.validate.silicon import read_silicon
     from simulator.report.html import write_report
 
-    if args.fit:
-        raise KvplanError("--fit: the silicon table is validated, not fitted (its rows' fit column says "
-                          "which a fit could use)")
     table = Path(args.table) if args.table else default_silicon_path()
     if not table.is_file():
         raise KvplanError(f"validation table '{table}' not found (validation/silicon_convert.py writes it)")
@@ -199,24 +204,51 @@ def _run_silicon(args: argparse.Namespace) -> int:
     rows = select_sources(rows, args.source)
     out_dir = Path(args.out) if args.out else RUNS_DIR / "validate"
     words = ["validate", "--silicon" if args.silicon else f"--table {args.table}",
-             *(f"--source {s}" for s in args.source or ())]
-    source = RunSource.of("validate", [table], {"sources": args.source, "silicon": True}, " ".join(words))
+             *(f"--source {s}" for s in args.source or ()), *(["--fit"] if args.fit else [])]
+    source = RunSource.of("validate", [table], {"sources": args.source, "silicon": True, "fit": args.fit},
+                          " ".join(words))
     check_output(out_dir, recognised=VALIDATE_FILES, command="validate", source=source, replace=args.replace)
     console = Console() if sys.stdout.isatty() else Console(width=160)
     setups = silicon_run.group(rows, extras)
     progress = _progress(args.quiet)
     start = time.monotonic()
     with progress if progress is not None else contextlib.nullcontext():
-        task = (progress.add_task("validate", total=silicon_run.count_runs(setups))
+        task = (progress.add_task("validate", total=silicon_run.count_runs(setups), unit="simulations")
                 if progress is not None else None)
-        results = silicon_run.run_all(setups, (lambda: progress.advance(task)) if progress is not None
-                                      else (lambda: None), jobs=max(1, args.jobs))
-    items, info = silicon_report.outcomes(rows, extras, results)
+        tick = (lambda: progress.advance(task)) if progress is not None else (lambda: None)
+        results = silicon_run.run_all(setups, tick, jobs=_jobs(args.jobs), global_set=args.fit, record=args.fit)
+        items, info = silicon_report.outcomes(rows, extras, results)
+        fits = None
+        if args.fit:
+            from simulator.commands.validate import silicon_fit
+            from simulator.kv.gpus import get_gpu
+
+            established = {i for i, x in info.items() if x["bucket"] == "established"}
+            fit_tick = lambda: None
+            if progress is not None:
+                fit_task = progress.add_task("fit", total=silicon_fit.count_fits(results, established, extras),
+                                             unit="fits")
+                fit_tick = lambda: progress.advance(fit_task)
+            fits = silicon_fit.fit_architectures(results, established, extras,
+                                                 lambda g: rc.global_constants(get_gpu(g)), jobs=_jobs(args.jobs),
+                                                 tick=fit_tick)
     summary = silicon_report.summarize(items, info, extras, results, time.monotonic() - start)
     used = dict(rc.read_fit()["constants"])
     summary["notes"].append("errors headline the rows whose method is established (bucket 'established'); "
                             "the other buckets are reported apart and not fitted")
-    payload = {"table": str(table), "constants": used, "fit": None, "summary": summary}
+    fit_info = None
+    if fits is not None:
+        fit_info = silicon_fit.summary(fits, extras)
+        summary["architecture_fit"] = fit_info
+        summary["notes"].append("with --fit every row is simulated with the global constants (fitted on "
+                                "published.csv); the architecture sets are fitted on the established rows")
+    else:
+        sets = sorted(rc.read_fit().get("per_architecture", {}))
+        if sets:
+            summary["notes"].append(f"the {', '.join(sets)} GPUs take their architecture's constants, fitted on "
+                                    "these established rows: their errors here are in sample (held out by model "
+                                    "family: kvplan validate --silicon --fit)")
+    payload = {"table": str(table), "constants": used, "fit": fit_info, "summary": summary}
     with open_output(out_dir, command="validate", recognised=VALIDATE_FILES, source=source,
                      replace=args.replace) as folder:
         report.write_csv(folder.staging / "validate.csv", items, silicon_report.CSV_EXTRA, info)
@@ -231,8 +263,15 @@ def _run_silicon(args: argparse.Namespace) -> int:
         report.print_report(console, [o for o in items if info[o.row.row_id]["bucket"] == "established"],
                             summary, constants=used, out_dir=out_dir, rows_table=args.rows)
         silicon_report.print_extras(console, summary)
+        if fit_info is not None:
+            silicon_report.print_architecture_fit(console, fit_info)
         for note in summary["notes"]:
             console.print(f"note: {note}")
+    if args.write:
+        assert fits is not None
+        write_architecture_fit(fits, table)
+        if not args.quiet:
+            console.print(f"wrote the adopted architecture sets to {rc.FIT_PATH}")
     return 0
 
 
@@ -279,6 +318,63 @@ def fit_defaults(setups: Sequence[Setup], tick: Callable[[], None]
     return current, results, held_out, info
 
 
+def write_architecture_fit(fits: Any, table: Path) -> None:
+    """Put the adopted architecture sets (silicon_fit.py) in ``roofline_fit.json`` beside the
+    global set, with what they were fitted on, and record what ``kvplan validate`` gives on the
+    published table under the new defaults (``fit.defaults_error``)."""
+    from simulator.commands.validate import silicon_fit
+
+    data = rc.read_fit()
+    data = {**data, "per_architecture": silicon_fit.constants_block(fits)}
+    data["fit"] = {**data["fit"], "per_architecture": {
+        "fitted_on": "validation/silicon.csv (bucket 'established')",
+        "table_sha256": _sha256(table),
+        "date": dt.date.today().isoformat(),
+        "parameters": list(silicon_fit.FIT_PARAMS),
+        "budget": {"evals": silicon_fit.FIT_EVALS, "held_out_evals": silicon_fit.HELD_OUT_EVALS,
+                   "min_rows": silicon_fit.MIN_ROWS, "train_per_cell": silicon_fit.TRAIN_PER_CELL},
+        "objective": "mean |ln(predicted / measured)|, every engine × model family weighing the same",
+        "adoption": "adopted where leave-one-model-family-out MAPE beats the global set's on the same rows",
+        "architectures": {a: {**_architecture_digest(f), "adopted": f.adopted} for a, f in fits.items()},
+    }}
+    data["inputs"] = {**data.get("inputs", {}),
+                      "per_architecture_rows": {a: [r.row_id for r in f.rows] for a, f in fits.items()}}
+    _write_json(rc.FIT_PATH, data)
+    rc.read_fit.cache_clear()
+    record_defaults_error()
+
+
+def _architecture_digest(f: Any) -> dict[str, Any]:
+    def mape(preds: dict[str, float], metric: str) -> float | None:
+        errs = [abs(preds[r.row_id] / r.value_si - 1) for r in f.rows if r.metric == metric and r.row_id in preds]
+        return sum(errs) / len(errs) if errs else None
+
+    return {"num_rows": len(f.rows), "setups_fitted": f.num_trained, "cells": f.cells, "evals": f.num_evals,
+            "objective": f.objective, "start_objective": f.start_objective,
+            "mape": {name: {m: mape(preds, m) for m in ("ttft", "tpot")}
+                     for name, preds in (("global", f.global_), ("fitted", f.fitted), ("held_out", f.held_out))}}
+
+
+def record_defaults_error() -> None:
+    """Simulate the published table with the shipped defaults (global and architecture sets) and
+    record its errors as ``fit.defaults_error``: what ``kvplan validate`` must reproduce."""
+    from simulator.commands.validate import report
+    from simulator.commands.validate.predict import simulate_setup
+
+    rows = read_table(default_table_path())
+    setups = group_setups(rows)
+    skipped = {r.row_id: s.skip_reason for s in setups if s.skip_reason for r in s.rows}
+    results = [simulate_setup(s, None, record=False) for s in setups if not s.skip_reason]
+    summary = report.summarize(report.outcomes(rows, results, skipped, None))
+    data = rc.read_fit()
+    held = data["fit"].get("error", {}).get("held_out_mape")
+    summary["held_out"] = report.held_out_from_fit(held) if held else summary["held_out"]
+    summary["targets"] = report.targets(summary["held_out"])
+    data = {**data, "fit": {**data["fit"], "defaults_error": _error_digest(summary)}}
+    _write_json(rc.FIT_PATH, data)
+    rc.read_fit.cache_clear()
+
+
 def write_fit(constants: RooflineConstants, info: dict[str, Any]) -> None:
     """Write ``roofline_fit.json``: the constants for every GPU (one all-reduce latency for both
     interconnect kinds: the table has no PCIe-only TP > 1 row to tell them apart). The row lists
@@ -286,17 +382,25 @@ def write_fit(constants: RooflineConstants, info: dict[str, Any]) -> None:
     constants), and the lists would only bloat it."""
     values = {k: getattr(constants, k) for k in FIELDS}
     lists = ("rows", "rows_not_fitted", "rows_skipped")
+    old = rc.read_fit()  # the architecture sets (validate --silicon --fit --write) stay as they were
     data = {
         "kvplan_roofline_fit": rc.FIT_VERSION,
         "constants": values,
+        "per_architecture": old.get("per_architecture", {}),
         "per_gpu": {},
         "allreduce_latency_s": {"fabric": values["allreduce_latency_s"],
                                 "pcie": values["allreduce_latency_s"]},
-        "fit": {k: v for k, v in info.items() if k not in lists},
-        "inputs": {k: info[k] for k in lists if k in info},
+        "fit": {**{k: v for k, v in info.items() if k not in lists},
+                **({"per_architecture": old["fit"]["per_architecture"]}
+                   if "per_architecture" in old.get("fit", {}) else {})},
+        "inputs": {**{k: info[k] for k in lists if k in info},
+                   **({"per_architecture_rows": old["inputs"]["per_architecture_rows"]}
+                      if "per_architecture_rows" in old.get("inputs", {}) else {})},
     }
     _write_json(rc.FIT_PATH, data)
     rc.read_fit.cache_clear()
+    if data["per_architecture"]:
+        record_defaults_error()  # the published rows of those GPUs take their architecture's set
 
 
 def _error_digest(summary: dict[str, Any]) -> dict[str, Any]:
@@ -343,14 +447,29 @@ def _ticking(items: Sequence[Setup], tick: Callable[[], None]):  # type: ignore[
         tick()
 
 
+def _jobs(given: int | None) -> int:
+    """``--jobs``, or the CPUs this process may use (at most 8)."""
+    import os
+
+    if given is not None:
+        if given < 1:
+            raise KvplanError(f"--jobs must be at least 1, got {given}")
+        return given
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(8, cpus))
+
+
 def _progress(quiet: bool) -> Progress | None:
     if quiet or not sys.stderr.isatty():
         return None
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn("[bold]validate"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("simulations"), TimeElapsedColumn(), console=Console(stderr=True),
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[unit]}"), TimeElapsedColumn(), console=Console(stderr=True),
                     transient=True)
 
 

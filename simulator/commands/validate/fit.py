@@ -87,21 +87,28 @@ def _decode(x: np.ndarray, base: RooflineConstants, params: Sequence[str]) -> Ro
     return dataclasses.replace(base, **changes)
 
 
-def source_weights(rows: Sequence[PublishedRow]) -> dict[str, float]:
-    """Row weight by row id: 1 / (rows of its source), so every source sums to 1."""
+def by_source(row: PublishedRow) -> str:
+    return row.source
+
+
+def source_weights(rows: Sequence[PublishedRow], group_of: Callable[[PublishedRow], str] = by_source
+                   ) -> dict[str, float]:
+    """Row weight by row id: 1 / (rows of its group: by default its source), so every group
+    sums to 1."""
     count: dict[str, int] = defaultdict(int)
     for r in rows:
-        count[r.source] += 1
-    return {r.row_id: 1.0 / count[r.source] for r in rows}
+        count[group_of(r)] += 1
+    return {r.row_id: 1.0 / count[group_of(r)] for r in rows}
 
 
-def retimed_objective(results: Sequence[SetupResult], rows_of: Callable[[SetupResult], Sequence[PublishedRow]]
+def retimed_objective(results: Sequence[SetupResult], rows_of: Callable[[SetupResult], Sequence[PublishedRow]],
+                      group_of: Callable[[PublishedRow], str] = by_source
                       ) -> Callable[[RooflineConstants], float]:
     """The fit objective as a function of the constants, over the rows ``rows_of`` each
-    recorded result contributes (by re-timing)."""
+    recorded result contributes (by re-timing), every ``group_of`` group weighing the same."""
     items = [(res, list(rows_of(res))) for res in results if res.recording is not None]
     items = [(res, rows, frozenset(row_key(r) for r in rows)) for res, rows in items if rows]
-    weights = source_weights([r for _, rows, _ in items for r in rows])
+    weights = source_weights([r for _, rows, _ in items for r in rows], group_of)
     total = sum(weights.values())
 
     def objective(c: RooflineConstants) -> float:
@@ -122,9 +129,10 @@ def retimed_objective(results: Sequence[SetupResult], rows_of: Callable[[SetupRe
 
 def fit(results: Sequence[SetupResult], start: RooflineConstants, *,
         rows_of: Callable[[SetupResult], Sequence[PublishedRow]] = lambda res: res.setup.rows,
-        params: Sequence[str] = FIELDS, max_evals: int = ROUND_EVALS) -> FitResult:
+        params: Sequence[str] = FIELDS, max_evals: int = ROUND_EVALS,
+        group_of: Callable[[PublishedRow], str] = by_source) -> FitResult:
     """Constants minimising the re-timed objective, from ``start`` (one round, no re-simulation)."""
-    objective = retimed_objective(results, rows_of)
+    objective = retimed_objective(results, rows_of, group_of)
     evals = [0]
 
     def f(x: np.ndarray) -> float:

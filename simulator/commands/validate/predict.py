@@ -46,7 +46,7 @@ _THROUGHPUT_KEY = {"output_throughput": "throughput_tok_s",
                    "request_throughput": "throughput_req_s"}
 
 
-class _Recorder:
+class Recorder:
     """A latency model that times steps with a roofline and keeps each step's terms."""
 
     quiet_runs = False  # one call per step, in order: the terms line up with the step rows
@@ -82,6 +82,7 @@ class Recording:
     output_tokens: np.ndarray  # generated tokens (all samples)
     prompt_tokens: np.ndarray
     num_replicas: int
+    request_index: np.ndarray | None = None  # each finished request's place in the run's request list
 
     def step_durations(self, c: RooflineConstants) -> np.ndarray:
         return combine(self.terms, self.rates, c, maximum=np.maximum)
@@ -210,11 +211,11 @@ def simulate_setup(setup: Setup, constants: RooflineConstants | None, *, record:
     assert isinstance(roofline, RooflineLatency)
     recorder = None
     if record:
-        recorder = _Recorder(roofline)
+        recorder = Recorder(roofline)
         dep = dataclasses.replace(dep, latency=recorder)  # type: ignore[arg-type]
     run = run_allocator(dep, scenario.allocators[0], requests, clients=client_policy(scenario, len(requests)))
     flat = _flatten(run.summary, setup.num_replicas)
-    recording = (_recording(run, recorder, setup.num_replicas)
+    recording = (recording_of(run, recorder, setup.num_replicas)
                  if recorder is not None and run.summary["completed"] else None)
     return SetupResult(setup, flat, recording, num_requests=len(requests),
                        kv_capacity_tokens=dep.capacity_tokens, constants=roofline.constants,
@@ -235,7 +236,7 @@ def _flatten(summary: dict[str, object], replicas: int) -> dict[str, float]:
     return flat
 
 
-def _recording(run, recorder: _Recorder, replicas: int) -> Recording:  # type: ignore[no-untyped-def]
+def recording_of(run, recorder: Recorder, replicas: int) -> Recording:  # type: ignore[no-untyped-def]
     result = run.result
     steps = result.steps
     start = np.array([s[2] for s in steps], dtype=np.float64)
@@ -248,10 +249,11 @@ def _recording(run, recorder: _Recorder, replicas: int) -> Recording:  # type: i
     if len(steps):
         gap[0] = True
         gap[1:] = start[1:] > ends[:-1]
-    arrival_step, arrival_abs, first, finish, out, prompt = [], [], [], [], [], []
-    for r, g, t in zip(result.requests, result.groups, result.times):
-        if g.status is not Status.FINISHED:
+    arrival_step, arrival_abs, first, finish, out, prompt, index = [], [], [], [], [], [], []
+    for i, (r, g, t) in enumerate(zip(result.requests, result.groups, result.times)):
+        if g is None or g.status is not Status.FINISHED:
             continue
+        index.append(i)
         k = step_of_end.get(float(r.arrival_s), -1)
         arrival_step.append(k)
         arrival_abs.append(r.arrival_s)
@@ -266,7 +268,7 @@ def _recording(run, recorder: _Recorder, replicas: int) -> Recording:  # type: i
         arrival_step=np.array(arrival_step, dtype=np.int64), arrival_abs_s=np.array(arrival_abs),
         first_step=np.array(first, dtype=np.int64), finish_step=np.array(finish, dtype=np.int64),
         output_tokens=np.array(out, dtype=np.float64), prompt_tokens=np.array(prompt, dtype=np.float64),
-        num_replicas=replicas)
+        num_replicas=replicas, request_index=np.array(index, dtype=np.int64))
 
 
 def relative_error(predicted: float, published: float) -> float:

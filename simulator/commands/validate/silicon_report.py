@@ -6,7 +6,9 @@ Each row lands in one bucket, the first that applies:
 * ``duplicate`` — the same measurement as another row (silicon.py :func:`mark_duplicates`):
   simulated with it, counted once;
 * ``implausible`` — its TTFT implies a prefill faster than the dense peak of its GPUs
-  (:func:`simulator.commands.validate.silicon_run.plausibility`): flagged, never fitted;
+  (:func:`simulator.commands.validate.silicon_run.plausibility`), or its TPOT a decode step
+  shorter than its GPUs' HBM takes to read the KV of the requests decoding
+  (:func:`~simulator.commands.validate.silicon_run.decode_plausibility`): flagged, never fitted;
 * ``method unknown`` — no public script says how it was measured;
 * ``ambiguous`` — InferenceX's method, but something the sample does not record may differ (a
   speculative-decoding variant of its config, a same-day re-measurement that disagrees, a
@@ -24,7 +26,7 @@ from typing import Any
 
 from simulator.commands.validate import report
 from simulator.commands.validate.report import RowOutcome
-from simulator.commands.validate.silicon_run import SiliconResult, plausibility
+from simulator.commands.validate.silicon_run import SiliconResult, decode_plausibility, plausibility
 from simulator.commands.validate.table import PublishedRow
 
 BUCKETS = ("established", "ambiguous", "method unknown", "implausible", "duplicate")
@@ -55,11 +57,21 @@ def outcomes(rows: Sequence[PublishedRow], extras: Mapping[str, Mapping[str, str
     for res in results:
         for r in res.setup.rows:
             by_row[r.row_id] = (res, res.predicted(r))
-    # plausibility is a property of the measurement: read off its TTFT, given to both rows
+    # plausibility is a property of the measurement: read off its TTFT (prefill) and its TPOT
+    # (decode, which needs the TTFT too), given to both rows
     verdict: dict[str, str] = {}
+    ttft_of: dict[str, float] = {}
     for r in rows:
         if r.metric == "ttft":
-            verdict[extras[r.row_id].get("aic_id") or r.row_id] = plausibility(r, extras[r.row_id])
+            key = extras[r.row_id].get("aic_id") or r.row_id
+            verdict[key] = plausibility(r, extras[r.row_id])
+            ttft_of[key] = r.value_si
+    for r in rows:
+        key = extras[r.row_id].get("aic_id") or r.row_id
+        if r.metric == "tpot" and not verdict.get(key, "").startswith("implausible"):
+            decode = decode_plausibility(r, extras[r.row_id], ttft_of.get(key))
+            if decode.startswith("implausible") or key not in verdict:
+                verdict[key] = decode
     present = {extras[r.row_id].get("aic_id") or r.row_id for r in rows}
     items, info = [], {}
     for r in rows:
@@ -148,3 +160,25 @@ def print_extras(console: Any, summary: Mapping[str, Any]) -> None:
 
 
 __all__ = ["BUCKETS", "CSV_EXTRA", "bucket_of", "outcomes", "print_extras", "summarize"]
+
+
+def print_architecture_fit(console: Any, fits: Mapping[str, Any]) -> None:
+    """``--fit``'s table: per architecture and per GPU × engine, TTFT and TPOT MAPE (bias) under
+    the global set, the architecture's set in sample, and held out by model family."""
+    from rich.table import Table
+
+    def cell(e: Mapping[str, Any] | None) -> str:
+        return "—" if not e else f"{e['mape']:.1%} ({e['bias']:+.0%})"
+
+    for arch, f in fits.items():
+        t = Table(title=f"{arch}: constants fitted on {f['num_rows']} established rows "
+                        f"({'adopted' if f['adopted'] else 'not adopted: the global set does better held out'})",
+                  title_justify="left")
+        for col in ("GPU × engine", "rows", "TTFT global", "TTFT fitted", "TTFT held out",
+                    "TPOT global", "TPOT fitted", "TPOT held out"):
+            t.add_column(col, justify="left" if col == "GPU × engine" else "right")
+        for name, e in [("all", f["overall"]), *f["by_gpu_engine"].items()]:
+            t.add_row(name, str(e["ttft"]["rows"] + e["tpot"]["rows"]),
+                      *(cell(e[m][k]) for m in ("ttft", "tpot") for k in ("global", "fitted", "held_out")))
+        console.print(t)
+        console.print("  " + ", ".join(f"{k} {v:.4g}" for k, v in f["constants"].items()))

@@ -40,7 +40,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -49,6 +49,10 @@ from simulator.commands.validate.table import PublishedRow
 from simulator.errors import KvplanError, RefusedError
 from simulator.kv.gpus import GPUSpec, get_gpu
 from simulator.kv.models import get_model
+from simulator.latency.constants import RooflineConstants
+
+if TYPE_CHECKING:
+    from simulator.commands.validate.predict import Recording
 
 FULL_RUN_REQUESTS = 0  # 10 × concurrency up to this: the whole run is simulated at once (0: never;
 FULL_RUN_OUTPUT_TOKENS = 2048  # short runs first, the whole run only when they are not steady)
@@ -93,12 +97,47 @@ class SiliconResult:
     cpu_s: float = 0.0
     num_requests: int = 0
     steady: bool = True  # a short run's middle waves agreed (silicon_run._steady)
+    recording: WaveRecording | None = None  # simulate(record=True): the steps, to re-time
 
     def predicted(self, row: PublishedRow) -> float | None:
         if self.status != "simulated":
             return None
         return self.flat.get({"ttft": "ttft_s.mean", "tpot": "tpot_s.mean", "itl": "tpot_s.mean",
                               "e2e": "e2e_s.mean"}.get(row.metric, ""))
+
+
+@dataclass
+class WaveRecording:
+    """A recorded closed loop whose means weigh each request as its wave (:func:`wave_weights`):
+    :meth:`predict` re-times it under other constants. A closed loop's batches do not depend on
+    the step times (clients send at step ends), so the re-timed means are the simulation's."""
+
+    recording: Recording
+    clients: int
+    weights: tuple[float, ...]
+
+    def predict(self, c: RooflineConstants, keys: frozenset[str] | None = None) -> dict[str, float]:
+        """The weighted means (``ttft_s.mean``, ``tpot_s.mean``, ``e2e_s.mean``) under ``c``
+        (all of them, whatever ``keys`` asks: they are three)."""
+        rec = self.recording
+        if not len(rec.finish_step):
+            return {}
+        ends = rec.step_ends(c)
+        sent = np.where(rec.arrival_step >= 0, ends[np.maximum(rec.arrival_step, 0)], rec.arrival_abs_s)
+        first, last = ends[rec.first_step], ends[rec.finish_step]
+        assert rec.request_index is not None
+        wave = np.minimum(rec.request_index // max(self.clients, 1), len(self.weights) - 1)
+        w = np.asarray(self.weights, dtype=np.float64)[wave]
+        out: dict[str, float] = {}
+        ttft = first - sent + c.request_overhead_s
+        if w.sum() > 0:
+            out["ttft_s.mean"] = float(np.sum(ttft * w) / np.sum(w))
+            out["e2e_s.mean"] = float(np.sum((last - sent + c.request_overhead_s) * w) / np.sum(w))
+        multi = (rec.output_tokens > 1) & (w > 0)
+        if multi.any():
+            tpot = (last[multi] - first[multi]) / (rec.output_tokens[multi] - 1)
+            out["tpot_s.mean"] = float(np.sum(tpot * w[multi]) / np.sum(w[multi]))
+        return out
 
 
 def engines() -> tuple[str, ...]:
@@ -224,6 +263,70 @@ def plausibility(row: PublishedRow, extra: Mapping[str, str]) -> str:
     if bad:
         return (f"implausible: the TTFT implies {rate / 1e15:.3g} PFLOP/s of prefill, above the "
                 f"{gpus} × {peak / 1e15:.3g} PFLOP/s dense peak of its GPUs")
+    return "ok"
+
+
+# A TPOT is checked against the KV read only where the batch clearly fits the GPUs' memory (KV of
+# every client at its full length in this share of their HBM): a memory-bound engine holds fewer
+# requests than its clients, and its steps read less.
+DECODE_CHECK_HBM_SHARE = 0.5
+
+
+def decode_floor_s(*, kv_bytes_per_token: float, decoding: float, context_tokens: float, num_gpus: int,
+                   hbm_bandwidth_bytes_s: float) -> float:
+    """The shortest decode step the HBM allows: ``decoding`` requests each read the KV of at
+    least ``context_tokens`` tokens (``kv_bytes_per_token``: the full-attention layers' KV of
+    one token, the whole model's, stored once), over the bandwidth of every GPU. Weights,
+    activations and a KV replicated over TP ranks only add to it: a lower bound."""
+    return decoding * context_tokens * kv_bytes_per_token / (num_gpus * hbm_bandwidth_bytes_s)
+
+
+def decode_plausibility(row: PublishedRow, extra: Mapping[str, str], ttft_s: float | None) -> str:
+    """``ok``, ``implausible: …`` or ``not checked: …`` for the measurement's TPOT (``row``),
+    given its TTFT: a mean TPOT cannot be shorter than :func:`decode_floor_s` for the requests
+    decoding at once. In a closed loop of ``concurrency`` clients a request decodes for
+    TPOT × (OSL − 1) of its TTFT + TPOT × (OSL − 1), so that share of the clients is decoding at
+    any time; each reads at least its prompt (⌊0.8 ISL⌋ for InferenceX's uniform lengths)."""
+    from simulator.kv.model_config import FULL_ATTENTION
+    from simulator.kv.sizing import kv_dtype_bytes, model_kv_layout
+
+    served, aic_model = extra.get("served_model") or row.model, extra.get("aic_model_path") or row.model
+    name, _ = find_model(served, aic_model)
+    gpu = find_gpu(row.gpu)
+    if name is None or gpu is None:
+        return "not checked: " + ("model" if name is None else "GPU") + " not in kvplan's catalog"
+    if row.input_tokens is None or row.output_tokens is None or row.load_value is None or ttft_s is None:
+        return "not checked: lengths, concurrency or TTFT not stated"
+    if extra.get("mode") == "disagg":
+        return "not checked: disaggregated (the decode GPUs' batch is not stated)"
+    model = get_model(name)
+    if model.has_sparse_indexer:
+        return "not checked: sparse attention reads a top-k of the KV, not all of it"
+    full = model.num_layers_of(FULL_ATTENTION)
+    if not full or model.num_kv_layers <= 0:
+        return "not checked: no full-attention layer"
+    try:
+        layout = model_kv_layout(model, row.kv_cache_dtype or "auto", 1)
+        kv_dtype_bytes(layout.dtype)
+    except KvplanError:
+        return f"not checked: KV dtype {row.kv_cache_dtype} not modelled"
+    per_token = layout.bytes_per_token * full / model.num_kv_layers
+    conc, isl, osl = float(row.load_value), row.input_tokens, row.output_tokens
+    if osl < 2:
+        return "not checked: one output token"
+    held = conc * (isl + osl) * layout.bytes_per_token
+    if held > DECODE_CHECK_HBM_SHARE * row.num_gpus * gpu.hbm_bytes:
+        return "not checked: the clients' KV may not fit at once (the batch may be smaller)"
+    decode_s = row.value_si * (osl - 1)
+    decoding = conc * decode_s / (ttft_s + decode_s)
+    uniform = extra.get("lengths", "").startswith("uniform")
+    context = math.floor(0.8 * isl) if uniform else isl
+    floor = decode_floor_s(kv_bytes_per_token=per_token, decoding=decoding, context_tokens=context,
+                           num_gpus=row.num_gpus, hbm_bandwidth_bytes_s=gpu.hbm_bandwidth_bytes_s)
+    if row.value_si < floor:
+        return (f"implausible: the TPOT {row.value_si * 1e3:.3g} ms is below the {floor * 1e3:.3g} ms it takes "
+                f"{row.num_gpus} GPUs' HBM to read the KV of ~{decoding:.0f} decoding requests of ≥ {context:,} "
+                "tokens each step")
     return "ok"
 
 
@@ -463,13 +566,22 @@ def _short(message: str) -> str:
     return text.split(";")[0][:160]
 
 
-def simulate(setup: SiliconSetup, base_dir: Path | None = None) -> SiliconResult:
-    """Simulate ``setup`` with kvplan's defaults (the fitted constants) and read the weighted
-    mean TTFT / TPOT off its requests. A deployment vLLM would refuse to start is ``refused``;
-    another KvplanError is ``not expressible``."""
+def simulate(setup: SiliconSetup, base_dir: Path | None = None, *, global_set: bool = False,
+             record: bool = False) -> SiliconResult:
+    """Simulate ``setup`` with kvplan's defaults (the fitted constants; ``global_set``: the global
+    set only, as an architecture's fit starts from) and read the weighted mean TTFT / TPOT off its
+    requests; with ``record``, keep the steps for re-timing (:class:`WaveRecording`). A
+    deployment vLLM would refuse to start is ``refused``; another KvplanError is ``not
+    expressible``."""
     assert setup.scenario is not None
+    constants = None
+    if global_set:
+        from simulator.latency.constants import global_constants
+
+        gpu = find_gpu(str(setup.scenario["gpu"]))
+        constants = global_constants(gpu) if gpu is not None else None
     start = time.process_time()
-    result = _simulate_once(setup, base_dir)
+    result = _simulate_once(setup, base_dir, constants, record)
     if result.status == "simulated" and setup.waves < INFERENCEX_WAVES and setup.weights[0] > 0 \
             and not result.steady:
         setup.waves, setup.weights = INFERENCEX_WAVES, wave_weights(INFERENCEX_WAVES)
@@ -477,32 +589,43 @@ def simulate(setup: SiliconSetup, base_dir: Path | None = None) -> SiliconResult
                                                            "num_requests": INFERENCEX_WAVES * int(setup.first.load_value or 1)}}
         setup.notes = [n for n in setup.notes if "waves simulated" not in n]
         setup.notes.append("not steady in 4 waves: the whole 10-wave run simulated")
-        result = _simulate_once(setup, base_dir)
+        result = _simulate_once(setup, base_dir, constants, record)
     result.cpu_s = time.process_time() - start
     return result
 
 
-def _simulate_once(setup: SiliconSetup, base_dir: Path | None) -> SiliconResult:
+def _simulate_once(setup: SiliconSetup, base_dir: Path | None, constants: RooflineConstants | None = None,
+                   record: bool = False) -> SiliconResult:
+    from simulator.commands.validate.predict import Recorder, recording_of
     from simulator.config.deployment import build_deployment
     from simulator.config.scenario import parse_scenario
     from simulator.engine.runs import client_policy, load_workload, run_allocator
+    from simulator.latency.roofline import RooflineLatency
 
     assert setup.scenario is not None
     start = time.process_time()
     where = f"silicon row {setup.first.row_id}"
     base = base_dir or Path.cwd()
+    data = dict(setup.scenario)
+    if constants is not None:
+        data["latency"] = {"model": "roofline", **dataclasses.asdict(constants)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            scenario = parse_scenario(dict(setup.scenario), where)
+            scenario = parse_scenario(data, where)
             dep = build_deployment(scenario, base, where=where)
             fit = load_workload(scenario, base, dep.scheduler_config.max_model_len)
         except KvplanError as err:
             refused = isinstance(err, RefusedError) or _WONT_START.search(str(err)) is not None
             status = f"refused ({_short(str(err))})" if refused else f"not expressible: kvplan: {_short(str(err))}"
             return SiliconResult(setup, {}, status, time.process_time() - start)
+        recorder = None
+        if record:
+            assert isinstance(dep.latency, RooflineLatency)
+            recorder = Recorder(dep.latency)
+            dep = dataclasses.replace(dep, latency=recorder)  # type: ignore[arg-type]
         run = run_allocator(dep, scenario.allocators[0], fit.requests,
-                            clients=client_policy(scenario, len(fit.requests)), record_steps=False)
+                            clients=client_policy(scenario, len(fit.requests)), record_steps=record)
     cols = run.request_columns
     conc = int(setup.first.load_value or 1)
     flat: dict[str, float] = {}
@@ -515,6 +638,8 @@ def _simulate_once(setup: SiliconSetup, base_dir: Path | None) -> SiliconResult:
         "no request completed (" + (", ".join(f"{n} {why}" for why, n in run.summary["rejected_by_reason"].items())
                                     or "none finished") + ")")
     result = SiliconResult(setup, flat, status, time.process_time() - start, len(fit.requests))
+    if recorder is not None and status == "simulated":
+        result.recording = WaveRecording(recording_of(run, recorder, 1), conc, setup.weights)
     result.steady = _steady(np.asarray(cols["ttft_s"], dtype=np.float64),
                             np.asarray(cols["tpot_s"], dtype=np.float64), conc, setup.waves)
     return result
@@ -553,27 +678,47 @@ def _shared_runs(setups: Sequence[SiliconSetup]) -> dict[int, SiliconSetup]:
     return same
 
 
+def cost(setup: SiliconSetup) -> float:
+    """A simulation's relative cost, to start the long ones first: the tokens its requests
+    schedule (a step's work grows with the batch, and the steps with the output length)."""
+    assert setup.scenario is not None
+    w = setup.scenario["workload"]
+
+    def high(spec: Mapping[str, Any]) -> float:
+        return float(spec.get("high", spec.get("value", 1)))
+
+    return float(w.get("num_requests", 1)) * (high(w["prompt_tokens"]) + high(w["output_tokens"]))
+
+
 def count_runs(setups: Sequence[SiliconSetup]) -> int:
     """How many simulations :func:`run_all` makes of ``setups``."""
     return len({id(s) for s in _shared_runs(setups).values()})
 
 
 def run_all(setups: Sequence[SiliconSetup], tick: Callable[[], None] = lambda: None, *,
-            jobs: int = 1) -> list[SiliconResult]:
-    """Every setup's result, in order: simulated (in ``jobs`` processes when above 1) or why not."""
+            jobs: int = 1, global_set: bool = False, record: bool = False) -> list[SiliconResult]:
+    """Every setup's result, in order: simulated (in ``jobs`` processes when above 1) or why not;
+    ``global_set`` and ``record`` as :func:`simulate` takes them."""
+    import functools
+
     same = _shared_runs(setups)
     runnable = list({id(s): s for s in same.values()}.values())
     done: dict[int, SiliconResult] = {}
+    one = functools.partial(simulate, global_set=global_set, record=record)
     if jobs > 1 and len(runnable) > 1:
-        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures import ProcessPoolExecutor, as_completed
 
+        # longest first, one at a time: a long loop started last would run alone at the end
+        # while the other processes idle (the results are the same in any order)
+        order = sorted(runnable, key=cost, reverse=True)
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for s, res in zip(runnable, pool.map(simulate, runnable, chunksize=8)):
-                done[id(s)] = res
+            futures = {pool.submit(one, s): s for s in order}
+            for future in as_completed(futures):
+                done[id(futures[future])] = future.result()
                 tick()
     else:
         for s in runnable:
-            done[id(s)] = simulate(s)
+            done[id(s)] = one(s)
             tick()
     out = []
     for s in setups:
@@ -590,7 +735,7 @@ def run_all(setups: Sequence[SiliconSetup], tick: Callable[[], None] = lambda: N
             out.append(res)
         else:
             s.waves, s.weights, s.notes = ran.waves, ran.weights, [*ran.notes, f"same scenario as {ran.first.row_id}"]
-            out.append(SiliconResult(s, res.flat, res.status, 0.0, 0, res.steady))
+            out.append(SiliconResult(s, res.flat, res.status, 0.0, 0, res.steady, res.recording))
     return out
 
 

@@ -75,3 +75,41 @@ def test_a_fresh_fit_gives_the_shipped_constants_bit_for_bit(tmp_path: Path) -> 
     assert fresh["fit"]["rounds"] == shipped["fit"]["rounds"]
     assert fresh["fit"]["rows"] == shipped["inputs"]["rows"]
     assert fresh["fit"]["rows_not_fitted"] == shipped["inputs"]["rows_not_fitted"]
+
+
+def test_the_architecture_fit_records_its_rows_and_settings() -> None:
+    """``validate --silicon --fit --write``'s part of the file: the sets written are the adopted
+    ones, each fitted on established rows of the current silicon table with today's settings."""
+    from simulator.commands.validate import silicon_fit
+    from simulator.commands.validate.silicon import default_silicon_path, read_silicon
+    from simulator.commands.validate.silicon_run import find_gpu
+    from simulator.kv.gpus import architecture
+
+    shipped = read_fit()
+    info = shipped["fit"].get("per_architecture")
+    if info is None:
+        assert not shipped.get("per_architecture")
+        return
+    table = default_silicon_path()
+    assert info["table_sha256"] == hashlib.sha256(table.read_bytes()).hexdigest(), (
+        "validation/silicon.csv changed since the architecture sets were fitted: "
+        "kvplan validate --silicon --fit --write")
+    assert info["parameters"] == list(silicon_fit.FIT_PARAMS)
+    assert info["budget"] == {"evals": silicon_fit.FIT_EVALS, "held_out_evals": silicon_fit.HELD_OUT_EVALS,
+                              "min_rows": silicon_fit.MIN_ROWS, "train_per_cell": silicon_fit.TRAIN_PER_CELL}
+    archs = info["architectures"]
+    assert set(shipped.get("per_architecture", {})) == {a for a, f in archs.items() if f["adopted"]}
+    for arch, f in archs.items():  # adopted: held out it beats the global set
+        m = f["mape"]
+        held = (m["held_out"]["ttft"] + m["held_out"]["tpot"]) / 2
+        if f["adopted"]:
+            assert held < (m["global"]["ttft"] + m["global"]["tpot"]) / 2, arch
+    rows, extras = read_silicon(table)
+    by_id = {r.row_id: r for r in rows}
+    for arch, ids in shipped["inputs"]["per_architecture_rows"].items():
+        assert len(ids) == archs[arch]["num_rows"] == sum(archs[arch]["cells"].values())
+        for i in ids:  # an established row (InferenceX's method, not ambiguous, not a copy) of the architecture
+            x = extras[i]
+            assert x["method"] == "inferencex" and not x["ambiguous"] and not x["duplicate_of"], i
+            gpu = find_gpu(by_id[i].gpu)
+            assert gpu is not None and architecture(gpu) == arch, i

@@ -260,8 +260,10 @@ def test_validate_silicon_writes_coverage_and_buckets(tmp_path: Path, capsys) ->
 
 
 def test_silicon_flags_are_one_line_errors(tmp_path: Path, capsys) -> None:
-    assert main(["validate", "--silicon", "--fit", "--out", str(tmp_path / "o")]) == 2
-    assert "not fitted" in capsys.readouterr().err
+    assert main(["validate", "--silicon", "--write", "--out", str(tmp_path / "o")]) == 2
+    assert "give --fit too" in capsys.readouterr().err
+    assert main(["validate", "--silicon", "--jobs", "0", "--out", str(tmp_path / "o")]) == 2
+    assert "--jobs must be at least 1" in capsys.readouterr().err
     assert main(["validate", "--silicon", "--table", "x.csv", "--out", str(tmp_path / "o")]) == 2
     assert "give one of them" in capsys.readouterr().err
 

@@ -43,7 +43,10 @@ def test_bad_flags_are_one_line_errors(argv: list[str], message: str, capsys, tm
 
 
 def test_the_shipped_defaults_give_what_their_fit_recorded(tmp_path: Path) -> None:
-    recorded = read_fit()["fit"]["error"]
+    # with architecture sets the published rows of their GPUs take them: the errors the
+    # defaults give are recorded apart from the global fit's own (cmd.record_defaults_error)
+    fit = read_fit()["fit"]
+    recorded = fit.get("defaults_error") or fit["error"]
     assert main(["validate", "--out", str(tmp_path), "--no-plots", "-q"]) == 0
     summary = json.loads((tmp_path / "validate.json").read_text())["summary"]
     stale = "the simulator's predictions moved since the defaults were fitted: kvplan validate --fit --write"
