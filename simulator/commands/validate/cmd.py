@@ -345,13 +345,9 @@ def write_architecture_fit(fits: Any, table: Path) -> None:
 
 
 def _architecture_digest(f: Any) -> dict[str, Any]:
-    def mape(preds: dict[str, float], metric: str) -> float | None:
-        errs = [abs(preds[r.row_id] / r.value_si - 1) for r in f.rows if r.metric == metric and r.row_id in preds]
-        return sum(errs) / len(errs) if errs else None
-
     return {"num_rows": len(f.rows), "setups_fitted": f.num_trained, "cells": f.cells, "evals": f.num_evals,
             "objective": f.objective, "start_objective": f.start_objective,
-            "mape": {name: {m: mape(preds, m) for m in ("ttft", "tpot")}
+            "mape": {name: {m: f.mape(preds, metric=m) for m in ("ttft", "tpot")}
                      for name, preds in (("global", f.global_), ("fitted", f.fitted), ("held_out", f.held_out))}}
 
 

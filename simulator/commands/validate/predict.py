@@ -105,17 +105,21 @@ class Recording:
             t = float(ends[b - 1])
         return ends
 
+    def request_times(self, c: RooflineConstants) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Under constants ``c``: every step's end, and per finished request when its client
+        sent it (moved earlier by the front end's per-request overhead: the client sees every
+        response that much later), its first token and its last."""
+        ends = self.step_ends(c)
+        sent = np.where(self.arrival_step >= 0, ends[np.maximum(self.arrival_step, 0)], self.arrival_abs_s)
+        return ends, sent - c.request_overhead_s, ends[self.first_step], ends[self.finish_step]
+
     def predict(self, c: RooflineConstants, keys: frozenset[str] | None = None) -> dict[str, float]:
         """The summary's numbers (SI) under constants ``c``: latency stats and throughputs, all of
         them or only ``keys`` (``"ttft_s.p50"``, ``"throughput_tok_s"``... as :func:`row_key`
         names them: a fit asks only for what its rows report)."""
         if not len(self.finish_step):
             return {}  # nothing finished: no latency and no throughput to speak of
-        ends = self.step_ends(c)
-        sent = np.where(self.arrival_step >= 0, ends[np.maximum(self.arrival_step, 0)], self.arrival_abs_s)
-        sent = sent - c.request_overhead_s  # the client sees every response this much later
-        first = ends[self.first_step]
-        last = ends[self.finish_step]
+        ends, sent, first, last = self.request_times(c)
         out: dict[str, float] = {}
         wanted = (lambda name: True) if keys is None else (lambda name: name in keys)
         for name, values in (("ttft_s", lambda: first - sent), ("e2e_s", lambda: last - sent),

@@ -43,9 +43,9 @@ import numpy as np
 from simulator.commands.validate import fit as fitting
 from simulator.commands.validate.predict import row_value
 from simulator.commands.validate.report import family_of
-from simulator.commands.validate.silicon_run import SiliconResult
+from simulator.commands.validate.silicon_run import SiliconResult, find_gpu
 from simulator.commands.validate.table import PublishedRow
-from simulator.kv.gpus import architecture, get_gpu
+from simulator.kv.gpus import architecture
 from simulator.latency.constants import FIELDS, RooflineConstants
 
 MIN_ROWS = 20  # established measurements simulated on an architecture before it gets its own set
@@ -76,14 +76,18 @@ class ArchitectureFit:
     held_out: dict[str, float] = field(default_factory=dict)  # row id -> prediction, family held out
     global_: dict[str, float] = field(default_factory=dict)  # row id -> prediction, global set
 
-    def mape(self, which: Mapping[str, float], rows: Sequence[PublishedRow]) -> float | None:
-        errs = [abs(which[r.row_id] / r.value_si - 1) for r in rows if r.row_id in which]
+    def mape(self, which: Mapping[str, float], rows: Sequence[PublishedRow] | None = None,
+             metric: str | None = None) -> float | None:
+        """MAPE of the predictions ``which`` over ``rows`` (default: the fitted rows), of one
+        ``metric`` or all."""
+        errs = [abs(which[r.row_id] / r.value_si - 1) for r in (self.rows if rows is None else rows)
+                if r.row_id in which and (metric is None or r.metric == metric)]
         return float(np.mean(errs)) if errs else None
 
     @property
     def adopted(self) -> bool:
         """Whether the set beats the global one held out (module docstring)."""
-        held, glob = self.mape(self.held_out, self.rows), self.mape(self.global_, self.rows)
+        held, glob = self.mape(self.held_out), self.mape(self.global_)
         return held is not None and glob is not None and held < glob
 
 
@@ -243,8 +247,9 @@ def summary(fits: Mapping[str, ArchitectureFit], extras: Mapping[str, Mapping[st
         fitted_rows = f.rows
         groups: dict[str, list[PublishedRow]] = defaultdict(list)
         for r in fitted_rows:
-            gpu = get_gpu(r.gpu).name if _known(r.gpu) else r.gpu
-            groups[f"{gpu} × {r.engine}"].append(r)
+            gpu = find_gpu(r.gpu)
+            assert gpu is not None  # a fitted row was simulated: its GPU is in the catalog
+            groups[f"{gpu.name} × {r.engine}"].append(r)
         out[arch] = {
             "adopted": f.adopted,
             "num_rows": len(fitted_rows),
@@ -259,12 +264,6 @@ def summary(fits: Mapping[str, ArchitectureFit], extras: Mapping[str, Mapping[st
                           for fam in sorted({model_family(r, extras) for r in fitted_rows})},
         }
     return out
-
-
-def _known(gpu: str) -> bool:
-    from simulator.commands.validate.silicon_run import find_gpu
-
-    return find_gpu(gpu) is not None
 
 
 def _errors(f: ArchitectureFit, rows: Sequence[PublishedRow]) -> dict[str, Any]:

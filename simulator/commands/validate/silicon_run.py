@@ -53,6 +53,7 @@ from simulator.latency.constants import RooflineConstants
 
 if TYPE_CHECKING:
     from simulator.commands.validate.predict import Recording
+    from simulator.kv.model_config import ModelConfig
 
 FULL_RUN_REQUESTS = 0  # 10 × concurrency up to this: the whole run is simulated at once (0: never;
 FULL_RUN_OUTPUT_TOKENS = 2048  # short runs first, the whole run only when they are not steady)
@@ -122,17 +123,14 @@ class WaveRecording:
         rec = self.recording
         if not len(rec.finish_step):
             return {}
-        ends = rec.step_ends(c)
-        sent = np.where(rec.arrival_step >= 0, ends[np.maximum(rec.arrival_step, 0)], rec.arrival_abs_s)
-        first, last = ends[rec.first_step], ends[rec.finish_step]
+        _, sent, first, last = rec.request_times(c)
         assert rec.request_index is not None
         wave = np.minimum(rec.request_index // max(self.clients, 1), len(self.weights) - 1)
         w = np.asarray(self.weights, dtype=np.float64)[wave]
         out: dict[str, float] = {}
-        ttft = first - sent + c.request_overhead_s
         if w.sum() > 0:
-            out["ttft_s.mean"] = float(np.sum(ttft * w) / np.sum(w))
-            out["e2e_s.mean"] = float(np.sum((last - sent + c.request_overhead_s) * w) / np.sum(w))
+            out["ttft_s.mean"] = float(np.sum((first - sent) * w) / np.sum(w))
+            out["e2e_s.mean"] = float(np.sum((last - sent) * w) / np.sum(w))
         multi = (rec.output_tokens > 1) & (w > 0)
         if multi.any():
             tpot = (last[multi] - first[multi]) / (rec.output_tokens[multi] - 1)
@@ -242,16 +240,25 @@ def prefill_rate_check(*, active_params: float, mean_prompt_tokens: float, ttft_
     return rate > num_gpus * peak_flops_per_gpu, rate
 
 
-def plausibility(row: PublishedRow, extra: Mapping[str, str]) -> str:
-    """``ok``, ``implausible: …`` or ``not checked: …`` for the measurement's TTFT."""
+def _catalog_entries(row: PublishedRow, extra: Mapping[str, str]) -> tuple[ModelConfig, GPUSpec] | str:
+    """The row's model and GPU from kvplan's catalogs, or the ``not checked`` verdict saying
+    which is missing."""
     served, aic_model = extra.get("served_model") or row.model, extra.get("aic_model_path") or row.model
     name, _ = find_model(served, aic_model)
     gpu = find_gpu(row.gpu)
     if name is None or gpu is None:
         return "not checked: " + ("model" if name is None else "GPU") + " not in kvplan's catalog"
+    return get_model(name), gpu
+
+
+def plausibility(row: PublishedRow, extra: Mapping[str, str]) -> str:
+    """``ok``, ``implausible: …`` or ``not checked: …`` for the measurement's TTFT."""
+    found = _catalog_entries(row, extra)
+    if isinstance(found, str):
+        return found
+    model, gpu = found
     if row.input_tokens is None:
         return "not checked: prompt length not stated"
-    model = get_model(name)
     uniform = extra.get("lengths", "").startswith("uniform")
     mean_tokens = row.input_tokens * (0.9 if uniform else 1.0)
     gpus = _prefill_gpus(row, extra)
@@ -290,16 +297,14 @@ def decode_plausibility(row: PublishedRow, extra: Mapping[str, str], ttft_s: flo
     from simulator.kv.model_config import FULL_ATTENTION
     from simulator.kv.sizing import kv_dtype_bytes, model_kv_layout
 
-    served, aic_model = extra.get("served_model") or row.model, extra.get("aic_model_path") or row.model
-    name, _ = find_model(served, aic_model)
-    gpu = find_gpu(row.gpu)
-    if name is None or gpu is None:
-        return "not checked: " + ("model" if name is None else "GPU") + " not in kvplan's catalog"
+    found = _catalog_entries(row, extra)
+    if isinstance(found, str):
+        return found
+    model, gpu = found
     if row.input_tokens is None or row.output_tokens is None or row.load_value is None or ttft_s is None:
         return "not checked: lengths, concurrency or TTFT not stated"
     if extra.get("mode") == "disagg":
         return "not checked: disaggregated (the decode GPUs' batch is not stated)"
-    model = get_model(name)
     if model.has_sparse_indexer:
         return "not checked: sparse attention reads a top-k of the KV, not all of it"
     full = model.num_layers_of(FULL_ATTENTION)
