@@ -16,13 +16,19 @@ synchronous scheduler: ``async_scheduling`` off, as kvplan schedules), drives th
 model step (every request whose computed tokens reach its tokens samples one token, the others —
 partial prefill chunks — none, as the GPU model runner discards their samples; outputs run to
 ``max_tokens`` with ``ignore_eos``), and records per step the tokens scheduled per request, the
-requests preempted and finished. kvplan's ``V1Scheduler`` runs the same requests with the same
-knobs and allocator size in detail mode, and the two step lists are diffed.
+requests preempted and finished, and the block ids of every scheduled request. kvplan's
+``V1Scheduler`` runs the same requests with the same knobs in detail mode over the blocks vLLM
+can use — ``num_blocks − 1``: vLLM's ``BlockPool`` keeps block 0 as its null block, so kvplan's
+block b is vLLM's b + 1 — and the two step lists are diffed. The ``null-block`` case instead gives
+kvplan all ``num_blocks`` blocks, as kvplan's deployments do today, to show what the null block
+changes (no block ids compared there).
 
 Each case is a few requests by hand: chunked prefill under the token budget, the long-prefill
-threshold, the ``max_num_seqs`` cap, preemption when blocks run out, prefix caching. The first
-step where the two disagree is printed with both sides; the table says per case how many steps
-agree. A benchmark, not a test: it needs the vLLM venv and ~20 s of vLLM start-up per case.
+threshold, the ``max_num_seqs`` cap, preemption when blocks run out, prefix caching, and which
+cached block is evicted (``eviction``: a request's generated full blocks, which vLLM hashes,
+wait in the same least-recently-freed order as an earlier request's prompt). The first step where
+the two disagree is printed with both sides; the table says per case how many steps agree. A
+benchmark, not a test: it needs the vLLM venv and ~20 s of vLLM start-up per case.
 """
 
 from __future__ import annotations
@@ -51,11 +57,18 @@ CASES: dict[str, tuple[dict[str, int | bool], list[tuple[int, int, int | None]]]
                  "prefix": False, "long_prefill_token_threshold": 0},
                 [(40, 60, None), (40, 60, None), (40, 60, None), (40, 60, None)]),
     "null-block": ({"max_num_seqs": 8, "max_num_batched_tokens": 128, "num_blocks": 6, "block_size": 16,
-                    "prefix": False, "long_prefill_token_threshold": 0},
+                    "prefix": False, "long_prefill_token_threshold": 0, "all_blocks": True},
                    [(32, 17, None), (32, 17, None)]),
     "prefix": ({"max_num_seqs": 8, "max_num_batched_tokens": 128, "num_blocks": 60, "block_size": 16,
                 "prefix": True, "long_prefill_token_threshold": 0},
                [(64, 4, 0), (80, 4, 0), (48, 4, 1), (64, 4, 0)]),
+    # one request at a time, 13 usable blocks: r0's prompt (prefix 0) is freed, then r1's three
+    # generated full blocks; r2 (8 blocks) takes the 5 never used or partial and evicts 3 full
+    # ones, least recently freed first: r0's, so r3 (prefix 0) hits 1 block, not 2 (reusing
+    # unnamed blocks before named ones would take r1's generated blocks instead)
+    "eviction": ({"max_num_seqs": 1, "max_num_batched_tokens": 256, "num_blocks": 14, "block_size": 16,
+                  "prefix": True, "long_prefill_token_threshold": 0},
+                 [(64, 4, 0), (16, 60, None), (112, 4, None), (64, 4, 0)]),
 }
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
          "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
@@ -117,6 +130,8 @@ def run_vllm(case: str) -> list[dict[str, object]]:
     while sched.has_unfinished_requests() and len(steps) < MAX_STEPS:
         so = sched.schedule()
         ids = list(so.num_scheduled_tokens)
+        # the block tables the step runs with (a request that finishes frees them in its update)
+        tables = {r: list(sched.kv_cache_manager.get_block_ids(r)[0]) for r in ids}
         sampled = [[7] if sched.requests[r].num_computed_tokens >= sched.requests[r].num_tokens else []
                    for r in ids]
         mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
@@ -124,9 +139,12 @@ def run_vllm(case: str) -> list[dict[str, object]]:
         finished = sorted(int(r) for r in ids if sched.requests[r].num_output_tokens + len(sampled[ids.index(r)])
                           >= sched.requests[r].max_tokens)
         sched.update_from_output(so, mro)
-        steps.append({"tokens": {r: n for r, n in sorted(so.num_scheduled_tokens.items(), key=lambda x: int(x[0]))},
-                      "preempted": sorted(int(r) for r in (so.preempted_req_ids or ())),
-                      "finished": finished})
+        step = {"tokens": {r: n for r, n in sorted(so.num_scheduled_tokens.items(), key=lambda x: int(x[0]))},
+                "preempted": sorted(int(r) for r in (so.preempted_req_ids or ())),
+                "finished": finished}
+        if not knobs.get("all_blocks"):
+            step["blocks"] = {r: tables[r] for r in step["tokens"]}
+        steps.append(step)
     return steps
 
 
@@ -143,9 +161,10 @@ def run_kvplan(case: str) -> list[dict[str, object]]:
                           max_num_batched_tokens=int(knobs["max_num_batched_tokens"]), max_model_len=2048,
                           block_size=bs, engine="vllm-v1", enable_prefix_caching=bool(knobs["prefix"]),
                           long_prefill_token_threshold=int(knobs["long_prefill_token_threshold"]))
-    # the pool kvplan's deployment gives V1 (Deployment.make_allocator): num_blocks, all usable;
-    # vLLM's BlockPool takes one as its null block (the null-block case shows what that changes)
-    alloc = PagedAllocator(int(knobs["num_blocks"]), bs, enable_prefix_caching=bool(knobs["prefix"]))
+    # the blocks vLLM can use (its BlockPool keeps block 0 as the null block); all_blocks: the
+    # pool kvplan's deployment gives V1 today (Deployment.make_allocator), every block usable
+    shift = 0 if knobs.get("all_blocks") else 1
+    alloc = PagedAllocator(int(knobs["num_blocks"]) - shift, bs, enable_prefix_caching=bool(knobs["prefix"]))
     sched = make_scheduler(alloc, cfg, detail=True)
     for i, ((n, out, group), ids) in enumerate(zip(requests, prompt_ids(requests))):
         hashes = _block_hashes(ids, bs) if knobs["prefix"] else ()
@@ -157,13 +176,18 @@ def run_kvplan(case: str) -> list[dict[str, object]]:
         for g in sched.groups.values():
             for s in g.seq_ids:
                 owner[s] = g.request_id
-        outcome = sched.complete(plan)
         tokens: dict[str, int] = {}
+        tables: dict[str, list[int]] = {}
         for d in plan.details or ():
             tokens[str(owner[d.seq_id])] = tokens.get(str(owner[d.seq_id]), 0) + d.num_tokens
-        steps.append({"tokens": dict(sorted(tokens.items(), key=lambda x: int(x[0]))),
-                      "preempted": sorted(plan.preempted),
-                      "finished": sorted(g.request_id for g in outcome.finished)})
+            tables[str(owner[d.seq_id])] = [b + 1 for b in alloc.block_table(d.seq_id)]
+        outcome = sched.complete(plan)
+        step = {"tokens": dict(sorted(tokens.items(), key=lambda x: int(x[0]))),
+                "preempted": sorted(plan.preempted),
+                "finished": sorted(g.request_id for g in outcome.finished)}
+        if shift:
+            step["blocks"] = {r: tables[r] for r in step["tokens"]}
+        steps.append(step)
     return steps
 
 

@@ -97,9 +97,13 @@ class Deployment:
             return HybridPagedAllocator(self.num_blocks, self.capacity.kv_groups,
                                         enable_prefix_caching=cfg.enable_prefix_caching)
         if name == "paged":
+            # vLLM (V1 and V0) hashes every full block, so its full blocks wait for eviction in
+            # one least-recently-freed order (simulator/kv/paged.py); TensorRT-LLM stores a
+            # context's blocks for reuse (storeContextBlocks), kvplan's rule before vLLM 0.33.0
             return PagedAllocator(self.num_blocks, cfg.block_size,
                                   enable_prefix_caching=cfg.enable_prefix_caching,
-                                  offload_blocks=offload_blocks(self.scenario, self.capacity))
+                                  offload_blocks=offload_blocks(self.scenario, self.capacity),
+                                  full_blocks_lru=cfg.engine != "trtllm")
         # the contiguous baselines: loaded by the runs that compare against them
         from simulator.kv.contiguous import ContiguousAllocator
         from simulator.kv.hybrid_contiguous import HybridContiguousAllocator

@@ -25,9 +25,13 @@ group (vllm/v1/core/single_type_kv_cache_manager.py):
   ``BlockHashWithGroupId``; null blocks are skipped), when its tokens are declared (as
   ``KVCacheManager.allocate_slots`` calls ``cache_blocks`` for the tokens it schedules). A block
   whose last reference goes (the sequence freed, or a sliding group dropping it) stays findable
-  on an LRU list until a new block is needed and none is plain free (``BlockPool.
-  get_new_blocks`` / ``_maybe_evict_cached_block``); blocks of a sequence are released group by
-  group, each tail first (``KVCacheCoordinator.free``, ``SingleTypeKVCacheManager.free``).
+  on the evictable (LRU) list until a new block is needed and none is plain free (``BlockPool.
+  get_new_blocks`` / ``_maybe_evict_cached_block``). Which list a freed block joins is
+  :mod:`simulator.kv.paged`'s rule (vLLM 0.33.0's ``BlockPool.free_blocks``): a full block the
+  evictable one (an anonymous full block too: vLLM hashes every full block), a partial one the
+  plain free list, reused first. Blocks of a sequence are released group by group, each tail
+  first (``KVCacheCoordinator.free``, ``SingleTypeKVCacheManager.free``); a window group's
+  skipped blocks newest first (``_remove_blocks_in_range`` iterates backward).
 * *The hit* is the longest prefix every group can serve, found by
   ``HybridKVCacheCoordinator.find_longest_cache_hit``: full groups first, each the leading run
   of cached blocks (``FullAttentionManager.find_longest_cache_hit``); then every other group
@@ -77,9 +81,10 @@ class HybridPagedAllocator(KVAllocator):
     forks_share_memory = False
 
     def __init__(self, num_blocks: int, layout: HybridKVLayout, *,
-                 enable_prefix_caching: bool = False):
+                 enable_prefix_caching: bool = False, full_blocks_lru: bool = True):
         """``enable_prefix_caching`` is ignored (off) for a model with linear-attention groups
-        (module docstring)."""
+        (module docstring); ``full_blocks_lru`` as :class:`~simulator.kv.paged.PagedAllocator`
+        takes it."""
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         super().__init__()
@@ -109,7 +114,10 @@ class HybridPagedAllocator(KVAllocator):
         self.ref_count = [0] * num_blocks
         self.block_hash: list[tuple[int, int] | None] = [None] * num_blocks  # (group, hash)
         self._caches: list[dict[int, int]] = [{} for _ in self._token_groups]  # hash -> block
-        self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced; LRU first
+        # full blocks freed (named or anonymous), unreferenced; least recently freed first
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._full_lru = self.enable_prefix_caching and full_blocks_lru
+        self._num_cached_free = 0  # named blocks on the evictable list
         self._dup_blocks = 0  # Σ (refcount − 1) over referenced blocks
         self._seq_hashes: dict[int, Sequence[int]] = {}
         self._num_hashed: dict[int, int] = {}  # blocks of the seq whose hash was considered
@@ -215,11 +223,13 @@ class HybridPagedAllocator(KVAllocator):
             b = self._free.pop()
         else:
             b, _ = self._evictable.popitem(False)
-            g, h = self.block_hash[b]  # type: ignore[misc]
-            del self._caches[g][h]
-            self.block_hash[b] = None
-            self.num_evictions += 1
-            self.cache_generation += 1
+            key = self.block_hash[b]
+            if key is not None:
+                del self._caches[key[0]][key[1]]
+                self.block_hash[b] = None
+                self._num_cached_free -= 1
+                self.num_evictions += 1
+                self.cache_generation += 1
         self.ref_count[b] = 1
         return b
 
@@ -230,15 +240,19 @@ class HybridPagedAllocator(KVAllocator):
             out = free[::-1]
             free.clear()
             pop, caches, block_hash = self._evictable.popitem, self._caches, self.block_hash
-            evict = n - len(out)
-            for _ in range(evict):
+            evicted = 0
+            for _ in range(n - len(out)):
                 b, _ = pop(False)
-                g, h = block_hash[b]  # type: ignore[misc]
-                del caches[g][h]
-                block_hash[b] = None
+                key = block_hash[b]
+                if key is not None:
+                    del caches[key[0]][key[1]]
+                    block_hash[b] = None
+                    evicted += 1
                 out.append(b)
-            self.num_evictions += evict
-            self.cache_generation += 1
+            if evicted:
+                self._num_cached_free -= evicted
+                self.num_evictions += evicted
+                self.cache_generation += 1
         else:
             out = free[len(free) - n:]
             del free[len(free) - n:]
@@ -248,17 +262,28 @@ class HybridPagedAllocator(KVAllocator):
             ref_count[b] = 1
         return out
 
-    def _release(self, b: int) -> None:
-        """Drop one reference to ``b``: the last one puts it on the LRU list if cached, else on
-        the free list."""
+    def _release(self, b: int, full: bool, front: list[int]) -> None:
+        """Drop one reference to ``b``: the last one puts it on the evictable list if named (or
+        ``full``, anonymous, with ``full_blocks_lru``), else in ``front`` (the caller puts those
+        on the plain free list, the first released on top)."""
         rc = self.ref_count[b] - 1
         self.ref_count[b] = rc
         if rc:
             self._dup_blocks -= 1
-        elif self.block_hash[b] is None:
-            self._free.append(b)
-        else:
+        elif self.block_hash[b] is not None:
             self._evictable[b] = None
+            self._num_cached_free += 1
+        elif full and self._full_lru:
+            self._evictable[b] = None
+        else:
+            front.append(b)
+
+    def _to_free_list(self, front: list[int]) -> None:
+        """``front`` (blocks in the order released) on the plain free list, the first on top
+        (``prepend_n``)."""
+        if front:
+            front.reverse()
+            self._free.extend(front)
 
     def _register_hashes(self, seq_id: int, num_tokens: int) -> None:
         """Cache the sequence's blocks that ``num_tokens`` fills and whose hash is known, in each
@@ -319,6 +344,23 @@ class HybridPagedAllocator(KVAllocator):
         that many evict nothing."""
         return len(self._free)
 
+    def num_cached_free_blocks(self) -> int:
+        """Free blocks that still hold a cached hash (findable until reused)."""
+        return self._num_cached_free
+
+    def free_blocks_before_eviction(self, limit: int) -> int:
+        """Blocks that can be taken (up to ``limit``) before one that holds a cached hash is:
+        the plain free list, then the evictable list's anonymous blocks up to its first named."""
+        n = len(self._free)
+        if n >= limit or not self._num_cached_free:
+            return min(limit, n + len(self._evictable))
+        block_hash = self.block_hash
+        for b in self._evictable:
+            if n >= limit or block_hash[b] is not None:
+                break
+            n += 1
+        return n
+
     # ------------------------------------------------------------------ interface
     def can_allocate(self, num_tokens: int, final_tokens: int, block_hashes: Sequence[int] = (),
                      *, reserve_blocks: int = 0) -> bool:
@@ -353,8 +395,9 @@ class HybridPagedAllocator(KVAllocator):
             for b in blocks:
                 if ref_count[b]:
                     self._dup_blocks += 1
-                else:
+                else:  # a named free block: off the evictable list (BlockPool.touch)
                     del evictable[b]
+                    self._num_cached_free -= 1
                 ref_count[b] += 1
         new = -(-num_tokens // self.block_size) - hit
         tables, skipped = [], []
@@ -397,14 +440,16 @@ class HybridPagedAllocator(KVAllocator):
             self.last_failure = AllocFailure.NO_SPACE
             return None
         dropped = 0
+        front: list[int] = []
         for g, ((skip, _), table) in enumerate(zip(plan, tables)):
             drop = max(0, min(skip, skipped[g] + len(table)) - skipped[g])
             if drop:  # remove_skipped_blocks, in every group before any block is taken
-                for b in table[:drop]:  # the ids return to the pool, oldest first
-                    self._release(b)
+                for b in reversed(table[:drop]):  # newest first (_remove_blocks_in_range); full
+                    self._release(b, True, front)
                 del table[:drop]
                 skipped[g] += drop
                 dropped += drop
+        self._to_free_list(front)
         if take:
             for g, ((_, total), table) in enumerate(zip(plan, tables)):
                 table += self._take_many(total - skipped[g] - len(table))
@@ -441,18 +486,25 @@ class HybridPagedAllocator(KVAllocator):
         blocks = len(states)
         if self.enable_prefix_caching:  # group by group, each tail first (module docstring)
             release = self._release
-            for table in tables:
-                for b in reversed(table):
-                    release(b)
+            final = self.final_tokens[seq_id]
+            for table, skip in zip(tables, self._skipped[seq_id]):  # one free_blocks per group
+                # blocks before the last are full; the last when the final length fills it
+                full = len(table) if final >= (skip + len(table)) * self.block_size else len(table) - 1
+                front: list[int] = []
+                for i in range(len(table) - 1, -1, -1):
+                    release(table[i], i < full, front)
+                self._to_free_list(front)
                 blocks += len(table)
             for b in states:
-                release(b)
+                front = []
+                release(b, False, front)
+                self._to_free_list(front)
         else:  # nothing is shared or cached (forks copy): every block straight back, in bulk
             free, ref_count = self._free, self.ref_count
-            for table in tables:
+            for table in tables:  # group by group, each tail first and put in front (prepend_n)
                 for b in table:
                     ref_count[b] = 0
-                free.extend(reversed(table))
+                free.extend(table)
                 blocks += len(table)
             for b in states:
                 ref_count[b] = 0
@@ -556,7 +608,10 @@ class HybridPagedAllocator(KVAllocator):
         assert not free & evictable and not used & (free | evictable), "a block in two places"
         assert len(free) + len(evictable) + len(used) == self.num_blocks, "blocks not conserved"
         assert all(self.block_hash[b] is None for b in free), "a free block still has a hash"
-        assert all(self.block_hash[b] is not None for b in evictable), "evictable block uncached"
+        assert self._full_lru or all(self.block_hash[b] is not None for b in evictable), \
+            "evictable block uncached"
+        assert sum(1 for b in evictable if self.block_hash[b] is not None) == self._num_cached_free, \
+            "named free blocks miscounted"
         cached = {}
         for g, cache in enumerate(self._caches):
             for h, b in cache.items():

@@ -10,8 +10,8 @@
 
 Every block has a reference count (how many block tables point at it). A block is in exactly one
 of three places: referenced by at least one table, on the plain free list, or — when prefix caching
-is on and it holds a full block of known content — on the *evictable* list, still findable by its
-hash until it is reused.
+is on and it holds a full block — on the *evictable* list, where a block of known content (a
+hash) is still findable until it is reused.
 
 Orderings that matter:
 
@@ -21,12 +21,27 @@ Orderings that matter:
 * **Copy-on-write per block.** Writing into a partially filled last block that another table
   shares first copies that one block (``(src, dst)`` reported to the executor); full shared blocks
   are never copied.
-* **Which free block is reused.** A new block comes from the plain free list first; only when it is
-  empty is a cached block evicted, least recently freed first. ``free`` releases a sequence's
-  blocks tail first, so within one sequence the tail block is evicted before its prefix — the
-  prefix is the part other requests are likeliest to share. All of it is O(1) per block: the
-  evictable list is an ordered dict (a doubly linked list underneath), so a cache hit takes a block
-  out of the middle without a scan.
+* **Which free block is reused** — vLLM V1's rule since vllm-project/vllm#42656 ("Apply LRU
+  policy only to proper cache entries", merged 2026-05-14; read in vLLM 0.33.0's
+  vllm/v1/core/block_pool.py, ``BlockPool.free_blocks`` / ``get_new_blocks``). The free blocks
+  are one queue (``FreeKVCacheBlockQueue``): new blocks are popped from its head, and a popped
+  block that holds a cached hash is evicted then. ``free_blocks`` puts a freed block without a
+  hash at the *head* ("LIFO reuse of non-cached blocks") and one with a hash at the *tail*
+  ("FIFO reuse of cached blocks for LRU eviction"). vLLM hashes every full block, generated
+  tokens included (``cache_full_blocks``), so the head gets the partial last blocks and the
+  tail every full one. Here that is the plain free list (a stack: the last block freed onto it
+  is reused first; at start block 0 first) ahead of the evictable list (least recently freed
+  first). A sequence's blocks are released tail first (vllm/v1/core/single_type_kv_cache_manager.py,
+  ``free``: ``reversed``), so within one sequence the tail is evicted before the prefix — the part
+  other requests are likeliest to share. Hashes are the workload's (trace hash ids, a preempted
+  request's own blocks: simulator/scheduler/v1.py): a full block nobody names is *anonymous* — it
+  joins the evictable list as vLLM's hashed block does, but nothing can hit it, so the hits, the
+  evictions of named blocks and the block each request gets are vLLM's without hashing every
+  block. A sequence's last block counts as full when the sequence's final length fills it (exact
+  for a finished sequence; a preempted one's is taken as partial unless its declared tokens fill
+  it, and vLLM V1 names a preempted request's full blocks itself). Before vllm#42656 every freed
+  block went to the tail; ``full_blocks_lru=False`` keeps the earlier kvplan rule (only named
+  blocks are evictable), which the TensorRT-LLM engine uses.
 
 **The CPU offload tier** (``offload_blocks > 0``, scenario key ``kv_offload``) models vLLM's
 OffloadingConnector with its CPU backend (vllm/distributed/kv_transfer/kv_connector/v1/
@@ -92,9 +107,11 @@ class PagedAllocator(KVAllocator):
     forks_share_memory = True
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
-                 offload_blocks: int = 0):
+                 offload_blocks: int = 0, full_blocks_lru: bool = True):
         """``offload_blocks``: size of the CPU offload tier in blocks (0: none); it needs prefix
-        caching, whose block hashes it stores."""
+        caching, whose block hashes it stores. ``full_blocks_lru``: with prefix caching, every full
+        block freed joins the evictable list as vLLM's hashed blocks do (module docstring); False:
+        only named ones."""
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         if block_size <= 0:
@@ -112,7 +129,10 @@ class PagedAllocator(KVAllocator):
         self.block_tables: dict[int, list[int]] = {}
         # pop() hands out block 0 first: easier to read in tests and plots
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
-        self._evictable: OrderedDict[int, None] = OrderedDict()  # LRU first
+        # full blocks freed, least recently freed first: named ones (a hash) and anonymous ones
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._full_lru = enable_prefix_caching and full_blocks_lru
+        self._num_cached_free = 0  # named blocks on the evictable list
         self._cache: dict[int, int] = {}  # block hash -> block id
         self._seq_hashes: dict[int, Sequence[int]] = {}
         self._num_hashed: dict[int, int] = {}  # blocks of the seq whose hash was considered
@@ -152,15 +172,28 @@ class PagedAllocator(KVAllocator):
     def num_cached_blocks(self) -> int:
         return len(self._cache)
 
-    def num_uncached_free_blocks(self) -> int:
-        """Free blocks that hold no cached content: a new block is taken from them first, so
-        that many single-block appends evict nothing."""
-        return len(self._free)
+    def num_cached_free_blocks(self) -> int:
+        """Free blocks that still hold a cached hash (findable until reused)."""
+        return self._num_cached_free
+
+    def free_blocks_before_eviction(self, limit: int) -> int:
+        """Blocks that can be taken (up to ``limit``) before one that holds a cached hash is:
+        that many single-block appends evict nothing. The plain free list is taken first, then
+        the evictable list from its oldest, whose anonymous blocks evict nothing either."""
+        n = len(self._free)
+        if n >= limit or not self._num_cached_free:
+            return min(limit, n + len(self._evictable))
+        block_hash = self.block_hash
+        for b in self._evictable:
+            if n >= limit or block_hash[b] is not None:
+                break
+            n += 1
+        return n
 
     def has_unreferenced_hit(self, block_hashes: Sequence[int], num_prompt_tokens: int) -> bool:
         """Whether a block that :meth:`lookup` would find is free (cached, unreferenced): an
         eviction may then take it and shorten the hit. Walks the hits until the first such one."""
-        if not block_hashes or not self._evictable:
+        if not block_hashes or not self._num_cached_free:
             return False
         max_blocks = (num_prompt_tokens - 1) // self.block_size
         ref_count = self.ref_count
@@ -314,36 +347,40 @@ class PagedAllocator(KVAllocator):
         return b
 
     def _evict(self, n: int) -> list[int]:
-        """Take the ``n`` least recently freed cached blocks out of the cache (the caller checked
-        there are that many), oldest first; their refcounts stay 0."""
+        """Take the ``n`` least recently freed blocks of the evictable list (the caller checked
+        there are that many), oldest first, evicting the hashes of the named ones; their
+        refcounts stay 0."""
         pop, cache, block_hash = self._evictable.popitem, self._cache, self.block_hash
         out = []
+        evicted = 0
         for _ in range(n):
             b, _ = pop(False)  # False: the first (oldest) item
-            del cache[block_hash[b]]  # type: ignore[arg-type]
-            block_hash[b] = None
+            h = block_hash[b]
+            if h is not None:
+                del cache[h]
+                block_hash[b] = None
+                evicted += 1
             out.append(b)
-        self.num_evictions += n
-        self.cache_generation += 1
+        if evicted:
+            self._num_cached_free -= evicted
+            self.num_evictions += evicted
+            self.cache_generation += 1
         return out
 
     def _release(self, b: int) -> None:
-        """Drop one reference to ``b`` (keeping the sharing aggregates current)."""
+        """Drop one reference to ``b``, a block another table shares (copy-on-write's source)."""
         rc = self.ref_count[b] - 1
+        assert rc > 0, "copy-on-write releases a shared block"
         self.ref_count[b] = rc
-        if rc > 0:
-            self._dup_slots -= self.block_size
-            self._saved_tokens -= self.fill[b]
-        elif self.block_hash[b] is not None:
-            self._evictable[b] = None  # most recently freed: evicted last
-        else:
-            self._free.append(b)
+        self._dup_slots -= self.block_size
+        self._saved_tokens -= self.fill[b]
 
     def _share(self, b: int) -> None:
         """Add one reference to a block already referenced or evictable."""
         rc = self.ref_count[b]
-        if rc == 0:
+        if rc == 0:  # a named free block (a prefix-cache hit): off the evictable list (touch)
             del self._evictable[b]
+            self._num_cached_free -= 1
         else:
             self._dup_slots += self.block_size
             self._saved_tokens += self.fill[b]
@@ -531,10 +568,13 @@ class PagedAllocator(KVAllocator):
             b = free.pop()
         else:  # _evict(1), written out: on a full pool this is every decode block
             b, _ = self._evictable.popitem(False)
-            del self._cache[self.block_hash[b]]  # type: ignore[arg-type]
-            self.block_hash[b] = None
-            self.num_evictions += 1
-            self.cache_generation += 1
+            h = self.block_hash[b]
+            if h is not None:
+                del self._cache[h]
+                self.block_hash[b] = None
+                self._num_cached_free -= 1
+                self.num_evictions += 1
+                self.cache_generation += 1
         ref_count[b] = 1
         fill = self.fill
         if old_len:
@@ -584,33 +624,56 @@ class PagedAllocator(KVAllocator):
         return NO_COPIES
 
     def free(self, seq_id: int) -> None:
+        """Release the sequence's blocks tail first (module docstring, "Which free block is
+        reused"): with prefix caching its full blocks join the evictable list (anonymous ones
+        too, unless ``full_blocks_lru`` is off), its partial last block and every block without
+        prefix caching go on the plain free list, the first released reused first."""
         table = self.block_tables.pop(seq_id)
         ref_count = self.ref_count
         bs = self.block_size
+        # blocks before the last are full; the last when the sequence's final length fills it
+        full = len(table) if self.final_tokens[seq_id] >= len(table) * bs else len(table) - 1
         if (seq_id not in self._seq_hashes and seq_id not in self._fork_family) or (
             not self._cache and not self._dup_slots
         ):
-            # nothing of it is shared or cached: every block goes straight back, in bulk. Only a
+            # nothing of it is shared or named: every block goes straight back, in bulk. Only a
             # fork or a prefix-cache hit shares a block, and only a sequence given block hashes
             # (``_seq_hashes``) hits or names its blocks.
             for b in table:
                 ref_count[b] = 0
-            self._free.extend(reversed(table))
-        else:  # _release per block, written out: this loop runs once per block of every request
-            block_hash, free_list, evictable, fill = self.block_hash, self._free, self._evictable, self.fill
-            dup = saved = 0
-            for b in reversed(table):  # tail first: the tail is evicted before the shared prefix
+            if not self._full_lru:
+                self._free.extend(table)  # the tail on top: reused first
+            else:
+                if full < len(table):
+                    self._free.append(table[-1])
+                evictable = self._evictable
+                for i in range(full - 1, -1, -1):
+                    evictable[table[i]] = None
+        else:  # per block, written out: this loop runs once per block of every request
+            block_hash, evictable, fill = self.block_hash, self._evictable, self.fill
+            full_lru = self._full_lru
+            front: list[int] = []
+            dup = saved = named = 0
+            for i in range(len(table) - 1, -1, -1):  # tail first: evicted before the shared prefix
+                b = table[i]
                 rc = ref_count[b] - 1
                 ref_count[b] = rc
                 if rc:
                     dup += bs
                     saved += fill[b]
-                elif block_hash[b] is None:
-                    free_list.append(b)
-                else:
+                elif block_hash[b] is not None:
                     evictable[b] = None  # most recently freed: evicted last
+                    named += 1
+                elif full_lru and i < full:
+                    evictable[b] = None  # anonymous: in the same order, nothing to evict
+                else:
+                    front.append(b)
+            if front:
+                front.reverse()
+                self._free.extend(front)  # the first released on top: reused first
             self._dup_slots -= dup
             self._saved_tokens -= saved
+            self._num_cached_free += named
         final = self.final_tokens.pop(seq_id)
         self._sum_alloc -= len(table) * bs
         self._sum_useful -= min(len(table) * bs, final)
@@ -644,9 +707,14 @@ class PagedAllocator(KVAllocator):
         assert len(free) + len(evictable) + len(used) == self.num_blocks, "blocks not conserved"
         for b in free:
             assert self.block_hash[b] is None, f"free block {b} still has a hash"
+        named = 0
         for b in evictable:
             h = self.block_hash[b]
-            assert h is not None and self._cache[h] == b, f"evictable block {b} not in the cache"
+            assert h is not None or self._full_lru, f"evictable block {b} not in the cache"
+            if h is not None:
+                assert self._cache[h] == b, f"evictable block {b} not in the cache"
+                named += 1
+        assert named == self._num_cached_free, "named free blocks miscounted"
         for h, b in self._cache.items():
             assert self.block_hash[b] == h, f"cache entry {h} -> {b} disagrees with the block"
         assert self.enable_prefix_caching or not self._cache

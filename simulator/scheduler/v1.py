@@ -110,7 +110,7 @@ _OWN = 0x6F776E
 _by_admission = attrgetter("admit_order")
 
 # The pools of block ids: the watermark, a preempted request's own blocks and the quiet-run early
-# end read their ``num_free_blocks``, ``num_uncached_free_blocks``, ``blocks_needed``,
+# end read their ``num_free_blocks``, ``free_blocks_before_eviction``, ``blocks_needed``,
 # ``can_allocate(..., reserve_blocks=)``, ``cache_blocks`` and ``has_unreferenced_hit``.
 BlockPool = PagedAllocator | HybridPagedAllocator
 _BLOCK_POOLS = (PagedAllocator, HybridPagedAllocator)
@@ -420,7 +420,7 @@ class V1Scheduler(Scheduler):
         threshold: claiming that block counts as taking a free one, so when a growth evicts it
         the head's chunk of the same size needs a block less (or more, the hit shortening there)
         while the free blocks drop by one. Then the run may only go as far as its growths take
-        uncached free blocks, which evict nothing. On a hybrid pool a window group's hit block
+        the free blocks ahead of the first cached one in the free queue, which evict nothing. On a hybrid pool a window group's hit block
         counts as free even while referenced: a running sequence may drop it in the run, as its
         window moves on (:meth:`HybridPagedAllocator.has_unreferenced_hit`).
         """
@@ -436,7 +436,9 @@ class V1Scheduler(Scheduler):
                                           target > self.config.max_num_batched_tokens - self._n_dec)
         if not cut or not cache.has_unreferenced_hit(head.block_hashes, target):
             return k  # a chunk of the whole rest needs the more blocks the shorter the hit
-        return self._steps_before_eviction(k, cache.num_uncached_free_blocks() // self._growth_blocks)
+        # growths in k steps: at most one per decoding group per block boundary it reaches
+        most = len(self.decoding) * (1 + k // self.config.block_size) * self._growth_blocks
+        return self._steps_before_eviction(k, cache.free_blocks_before_eviction(most) // self._growth_blocks)
 
     def _steps_before_eviction(self, k: int, free: int) -> int:
         """The steps, up to ``k``, before the first whose growths would be more than ``free``

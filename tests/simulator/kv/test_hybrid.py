@@ -134,7 +134,7 @@ def test_a_sliding_sequence_never_holds_more_than_its_window(prompt: int, decode
             full, sliding = alloc.held_blocks(1)
             assert sliding <= math.ceil(128 / 16) + 1
         assert full == math.ceil(alloc.num_tokens[1] / 16)
-        assert len(alloc._free) == 200 - full - sliding
+        assert alloc.num_free_blocks() == 200 - full - sliding
         alloc.check_invariants()
     alloc.free(1)
     assert alloc.snapshot_parts() == (0, 0, 0, 0, 200 * 16, 0)

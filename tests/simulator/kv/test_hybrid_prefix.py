@@ -38,7 +38,9 @@ def test_second_request_hits_the_whole_prefix_after_the_sliding_blocks_were_drop
     assert alloc.num_cached_blocks() == 2 * 62  # every full block, in both groups
     alloc.append(1, 1001)  # first decode: computed 1000, (1000 − 127) // 16 = 54 blocks skipped
     assert alloc.held_blocks(1) == (63, 9)
-    assert len(alloc._free) == 200 - 126 and len(alloc._evictable) == 54  # dropped, still cached
+    # dropped, still cached: free behind the 74 never used (the free queue's head)
+    assert alloc.num_free_blocks() == 74 + 54 and alloc.num_cached_free_blocks() == 54
+    assert alloc.free_blocks_before_eviction(200) == 74
     # max (1100 − 1) // 16 = 68 blocks; full: 62 leading hits; sliding: the last
     # ceil(127 / 16) = 8 blocks before block 62 (54..61) are live in request 1 -> 62 blocks
     assert alloc.lookup(SECOND, 1100) == 992
@@ -49,7 +51,7 @@ def test_second_request_hits_the_whole_prefix_after_the_sliding_blocks_were_drop
     assert alloc.held_blocks(2) == (69, 15)
     assert alloc._tables[2][0][:62] == alloc._tables[1][0][:62]
     assert alloc._tables[2][1][:8] == alloc._tables[1][1][:8]
-    assert len(alloc._free) == 74 - 14 and len(alloc._evictable) == 54
+    assert alloc.num_free_blocks() == 60 + 54 and alloc.num_cached_free_blocks() == 54  # 14 from the head
     # 70 blocks are shared: each counted once in the pool, 70 × 16 slots saved
     token_state, reserved, internal, external, free, saved = alloc.snapshot_parts(1001 + 1100)
     assert saved == 70 * 16
@@ -58,16 +60,27 @@ def test_second_request_hits_the_whole_prefix_after_the_sliding_blocks_were_drop
     alloc.check_invariants()
 
 
-def test_the_hit_survives_eviction_of_the_early_sliding_blocks() -> None:
+def _first_request_freed() -> HybridPagedAllocator:
+    """160 blocks; request 1 (1,000 tokens of PREFIX, final length 1,100) decodes once and is
+    freed. vLLM 0.33.0's free queue (BlockPool.free_blocks: blocks without a hash in front, full
+    blocks at the tail, least recently freed first) is then: the 34 blocks never used; the 54
+    sliding blocks dropped at the decode, newest first (53..0, named); the full group tail first
+    — block 62 (its final length fills it: full, anonymous), 61..0 (named); the sliding group tail
+    first — 62 (anonymous), 61..54 (named)."""
     alloc = _gpt_oss_like(160)
     alloc.allocate(1, 1000, 1100, PREFIX)
     alloc.append(1, 1001)  # 54 sliding blocks dropped first: least recently released
     alloc.free(1)
-    # the two partial blocks 62 hold no hash: plain free
-    assert len(alloc._free) == 160 - 124 and len(alloc._evictable) == 124
-    # a filler of 45 blocks per group takes the 36 plain free blocks, then evicts the 54
-    # oldest cached ones: exactly the dropped sliding blocks 0..53
-    alloc.allocate(3, 45 * 16, 45 * 16)
+    assert alloc.num_free_blocks() == 160 and alloc.num_cached_free_blocks() == 124
+    assert alloc.free_blocks_before_eviction(160) == 34
+    return alloc
+
+
+def test_the_hit_survives_eviction_of_the_early_sliding_blocks() -> None:
+    alloc = _first_request_freed()
+    # a filler of 44 blocks per group takes the 34 never used, then the 54 dropped sliding
+    # blocks 0..53, evicting them
+    alloc.allocate(3, 44 * 16, 44 * 16)
     assert alloc.num_evictions == 54
     assert alloc.num_cached_blocks() == 62 + 8
     alloc.free(3)
@@ -75,8 +88,26 @@ def test_the_hit_survives_eviction_of_the_early_sliding_blocks() -> None:
     got = alloc.allocate(2, 1100, 1200, SECOND)
     assert got is not None and got.num_cached_tokens == 992
     assert alloc.held_blocks(2) == (69, 15)
-    # the 70 hits were evictable: claimed; the 14 new blocks came from the plain free list
-    assert len(alloc._evictable) == 0 and len(alloc._free) == 90 - 14
+    # the 70 hits are claimed out of the middle of the queue; the 14 new blocks are its head:
+    # full 62 and sliding 62 (anonymous), then 12 of the filler's: nothing named is evicted
+    assert alloc.num_cached_free_blocks() == 0 and alloc.num_free_blocks() == 160 - 70 - 14
+    assert alloc.num_evictions == 54
+    alloc.check_invariants()
+
+
+def test_one_block_more_evicts_a_cached_block_before_blocks_that_hold_nothing() -> None:
+    """vLLM hashes every full block, so a full block nobody will hit (full 62, anonymous) waits
+    in the same least-recently-freed order as the named ones: a filler one block per group
+    longer than above takes it and then evicts full 61, though sliding 62 (anonymous too) was
+    freed later and stays. Full then serves 61 blocks, where the sliding group needs blocks
+    53..60, and 53 is gone like every block before it: no hit at all. (Reusing every unnamed
+    block before any named one, kvplan's rule before vLLM 0.33.0 was followed, kept the 992.)"""
+    alloc = _first_request_freed()
+    alloc.allocate(3, 45 * 16, 45 * 16)
+    assert alloc.num_evictions == 55
+    assert alloc.num_cached_blocks() == 61 + 8
+    alloc.free(3)
+    assert alloc.lookup(SECOND, 1100) == 0
     alloc.check_invariants()
 
 
@@ -88,15 +119,19 @@ def test_a_hit_needs_the_sliding_window_before_its_end() -> None:
     hashes = (1, 2, 3, 4, 5, 6)
     alloc.allocate(1, 25, 25, hashes)  # 7 blocks per group, blocks 0..5 cached in both
     alloc.append(1, 26)  # computed 25: sliding drops (25 − 7) // 4 = 4 blocks, 0..3
-    alloc.free(1)  # then full 6..0 and sliding 6, 5, 4 are released; block 6 is uncached
-    assert len(alloc._free) == 4 and len(alloc._evictable) == 12
-    # LRU: sliding 0..3, full 5..0, sliding 5, 4. Four blocks per group take the 4 plain
-    # free ones and evict sliding 0..3: the sliding group still has blocks 4, 5
-    alloc.allocate(2, 16, 16)
+    alloc.free(1)  # then full 6..0 and sliding 6, 5, 4 are released; block 6 is partial
+    assert alloc.num_free_blocks() == 16 and alloc.num_cached_free_blocks() == 12
+    # the free queue: sliding 6, full 6 (partial: in front, the later group's first), the 2
+    # never used; then the full blocks, least recently freed first: sliding 3..0 (dropped
+    # newest first), full 5..0, sliding 5, 4. Three blocks per group take the four in front
+    # and evict sliding 3, 2: the sliding group still has blocks 4, 5
+    assert alloc.free_blocks_before_eviction(16) == 4
+    alloc.allocate(2, 12, 12)
+    assert alloc.num_evictions == 2
     assert alloc.lookup(hashes, 100) == 24
-    # two more evict full 5 and 4: full serves 4 blocks, sliding needs blocks 2, 3 for that
-    # and blocks 0, 1 for 2: all gone, no shorter point either
-    alloc.allocate(3, 4, 4)
+    # two more per group evict sliding 1, 0 and full 5, 4: full serves 4 blocks, sliding needs
+    # blocks 2, 3 for that, 1, 2 for 3, ..., block 0 for 1: all gone, no shorter point either
+    alloc.allocate(3, 8, 8)
     assert alloc.num_evictions == 6
     assert alloc.lookup(hashes, 100) == 0
     alloc.check_invariants()

@@ -74,9 +74,12 @@ def test_observable_results_are_pinned():
     assert digest == PINNED_DIGEST, "an observable result of the paged allocator changed"
 
 
-# recorded with the allocator before its fast paths (tuple hashes of ints, hence the block hashes,
-# are the same on every 64-bit CPython >= 3.8)
-PINNED_DIGEST = "acde3170a981e3c1522a614c98e04d712fe06e25b7b2c5d1d988dd702e601a2a"
+# first recorded with the allocator before its fast paths; recorded again when the reuse order
+# became vLLM 0.33.0's (full blocks, named or not, evicted least recently freed first, partial ones
+# reused first: tests/simulator/kv/test_paged_vllm_order.py checks that order against vLLM's
+# BlockPool, on both of free's paths). Tuple hashes of ints, hence the block hashes, are the same
+# on every 64-bit CPython >= 3.8.
+PINNED_DIGEST = "7cdd13f7b24dcc76cf06dd1f7d048d3fae3507fcf02d1cc7cc19abe041d97412"
 
 
 # ---------------------------------------------------------------------------- cache generation

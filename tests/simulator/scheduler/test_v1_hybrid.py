@@ -54,7 +54,8 @@ def test_blocks_needed_sums_the_groups_and_a_hit_excludes_the_skipped_blocks():
     assert not alloc.can_allocate(20, 20, hashes, reserve_blocks=3)
     assert alloc.blocks_needed(20) == 10  # the bound without a hit
     alloc.free(0)  # every block cached and unreferenced: the hits count as taken (4 + 2)
-    assert (alloc.num_free_blocks(), alloc.num_uncached_free_blocks()) == (12, 4)
+    assert (alloc.num_free_blocks(), alloc.num_cached_free_blocks()) == (12, 8)
+    assert alloc.free_blocks_before_eviction(12) == 4  # the 4 never used are the queue's head
     assert alloc.can_allocate(20, 20, hashes, reserve_blocks=4)
     assert not alloc.can_allocate(20, 20, hashes, reserve_blocks=5)
     assert alloc.has_unreferenced_hit(hashes, 20)
@@ -109,7 +110,12 @@ def test_a_preempted_request_finds_its_own_blocks_in_both_groups():
     assert plan.preempted == (1,) and b.status is Status.WAITING
     assert b.block_hashes == own_block_hashes((), 1, 2)
     sched.complete(plan)
-    assert alloc.num_cached_blocks() == 4 and alloc.num_uncached_free_blocks() == 6
+    assert alloc.num_cached_blocks() == alloc.num_cached_free_blocks() == 4
+    assert alloc.num_free_blocks() == 10
+    # B freed first (preempted in schedule: its 4 named blocks join the evictable list), A in
+    # complete: its 2 full blocks per group after them (anonymous), its partial third block per
+    # group in front, which B's re-admission takes beside its 4 hits
+    assert alloc.free_blocks_before_eviction(10) == 2
     alloc.check_invariants()
     plan = sched.schedule()
     assert [c.num_tokens for c in plan.prefills] == [1]
