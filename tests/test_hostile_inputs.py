@@ -223,7 +223,8 @@ CASES = [
      {"big.json": config(num_hidden_layers=80, hidden_size=8192, num_attention_heads=64,
                          intermediate_size=28672, vocab_size=128256)},
      ["size", "--model", "{tmp}/big.json", "--gpu", "l4"],
-     "error: {tmp}/big.json: big weights (129.5 GiB per rank) do not fit in 0.90 × 24 GiB of L4; "
+     # an L4 reports 23,583,784,960 B = 21.96 GiB, the total vLLM takes 0.9 of
+     "error: {tmp}/big.json: big weights (129.5 GiB per rank) do not fit in 0.90 × 21.96 GiB of L4; "
      "raise --tp"),
 ]
 

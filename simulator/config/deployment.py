@@ -1,8 +1,9 @@
 """A scenario resolved into the concrete things a run needs: model, GPU, KV pool, latency model.
 
-Every allocator of a scenario gets the *same* KV memory (``num_blocks × block_size`` token slots
-per replica, from vLLM's capacity formula or ``num_gpu_blocks_override``); they differ only in how
-they use it.
+Every allocator of a scenario gets the *same* KV memory (``usable_blocks × block_size`` token
+slots per replica, from vLLM's capacity formula or ``num_gpu_blocks_override``); they differ only
+in how they use it. ``num_blocks`` is the pool as the engine's start-up log counts it; vLLM V1
+keeps one of them as its null block (:attr:`Deployment.usable_blocks`).
 
 **Data parallelism** (``data_parallel_size`` = dp): vLLM runs dp engines of ``tensor_parallel``
 GPUs, each with its own scheduler, requests and KV cache, behind one front end that picks an
@@ -68,22 +69,33 @@ class Deployment:
     warnings: tuple[str, ...] = ()
 
     @property
+    def usable_blocks(self) -> int:
+        """Blocks the scheduler can hand out. vLLM V1's ``BlockPool`` takes block 0 off its free
+        queue as the null block, a placeholder no request's KV is written to
+        (vllm/v1/core/block_pool.py, ``BlockPool.__init__``: ``self.null_block =
+        self.free_block_queue.popleft()``; read in vLLM 0.33.0), so N blocks give N − 1; the
+        other engines use all of theirs."""
+        return self.num_blocks - 1 if self.scheduler_config.engine == "vllm-v1" else self.num_blocks
+
+    @property
     def capacity_tokens(self) -> int:
-        """Tokens of KV the pool holds: blocks × block size; for a hybrid model's groups, the
-        context it holds at peak (:func:`simulator.kv.sizing.hybrid_capacity_tokens`: a block id
-        spans one group's layers only)."""
+        """Tokens of KV the pool holds: usable blocks × block size; for a hybrid model's groups,
+        the context it holds at peak (:func:`simulator.kv.sizing.hybrid_capacity_tokens`: a
+        block id spans one group's layers only)."""
         cfg, groups = self.scheduler_config, self.capacity.kv_groups
         if groups is None:
-            return self.num_blocks * cfg.block_size
+            return self.usable_blocks * cfg.block_size
         per_request = groups.max_blocks_per_request(cfg.max_model_len, cfg.max_num_batched_tokens)
-        return hybrid_capacity_tokens(self.num_blocks, per_request, cfg.max_model_len)
+        return hybrid_capacity_tokens(self.usable_blocks, per_request, cfg.max_model_len)
 
     @property
     def max_concurrency(self) -> float:
-        """Requests of ``max_model_len`` tokens the pool holds at once (vLLM's start-up line)."""
+        """Requests of ``max_model_len`` tokens the pool holds at once, as vLLM's start-up line
+        counts them: over all ``num_blocks``, the null block included
+        (vllm/v1/core/kv_cache_utils.py, ``get_max_concurrency_for_kv_cache_config``)."""
         cfg, groups = self.scheduler_config, self.capacity.kv_groups
         if groups is None:
-            return self.capacity_tokens / cfg.max_model_len
+            return self.num_blocks * cfg.block_size / cfg.max_model_len
         return self.num_blocks / groups.max_blocks_per_request(cfg.max_model_len, cfg.max_num_batched_tokens)
 
     def make_allocator(self, name: str) -> KVAllocator:
@@ -94,13 +106,13 @@ class Deployment:
                                   enable_prefix_caching=cfg.enable_prefix_caching,
                                   eviction_policy=cfg.radix_eviction_policy)
         if name == "paged" and self.capacity.kv_groups is not None:
-            return HybridPagedAllocator(self.num_blocks, self.capacity.kv_groups,
+            return HybridPagedAllocator(self.usable_blocks, self.capacity.kv_groups,
                                         enable_prefix_caching=cfg.enable_prefix_caching)
         if name == "paged":
             # vLLM (V1 and V0) hashes every full block, so its full blocks wait for eviction in
             # one least-recently-freed order (simulator/kv/paged.py); TensorRT-LLM stores a
             # context's blocks for reuse (storeContextBlocks), kvplan's rule before vLLM 0.33.0
-            return PagedAllocator(self.num_blocks, cfg.block_size,
+            return PagedAllocator(self.usable_blocks, cfg.block_size,
                                   enable_prefix_caching=cfg.enable_prefix_caching,
                                   offload_blocks=offload_blocks(self.scenario, self.capacity),
                                   full_blocks_lru=cfg.engine != "trtllm")
@@ -110,7 +122,7 @@ class Deployment:
 
         policy = name.removeprefix("contiguous-")
         if self.capacity.kv_groups is not None:  # the same block ids, reserved per group
-            return HybridContiguousAllocator(self.num_blocks, self.capacity.kv_groups,
+            return HybridContiguousAllocator(self.usable_blocks, self.capacity.kv_groups,
                                              policy=policy,  # type: ignore[arg-type]
                                              max_model_len=cfg.max_model_len,
                                              max_num_batched_tokens=cfg.max_num_batched_tokens)
@@ -147,6 +159,7 @@ class Deployment:
             "bytes_per_token": cap.bytes_per_token,
             "block_size": self.scheduler_config.block_size,
             "num_blocks": self.num_blocks,
+            "usable_blocks": self.usable_blocks,
             "kv_capacity_tokens": self.capacity_tokens,
             "available_kv_gib": cap.available_kv_bytes / GIB,
             "kv_pool_gib": self.num_blocks * cap.block_bytes / GIB,
@@ -390,6 +403,10 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
     latency = _latency_model(scenario, base_dir, model, gpu, cap, block_size, force_profile)
     if scenario.speculative is not None:
         latency = _speculative_latency(scenario, latency, drafter, gpu, block_size, where)
+    if scenario.engine == "vllm-v1" and num_blocks < 2:  # the null block leaves none (usable_blocks)
+        raise KvplanError(f"{where}: a pool of {num_blocks} block leaves vLLM V1 no block beside its "
+                          "null block (vllm/v1/core/block_pool.py BlockPool.__init__); give more KV memory "
+                          "or num_gpu_blocks_override >= 2")
     if scenario.data_parallel_size > 1:  # one engine replica per DP rank (module docstring)
         scenario = scenario.model_copy(update={
             "num_replicas": scenario.num_replicas * scenario.data_parallel_size})

@@ -221,17 +221,17 @@ def check_override(gpu: GPUSpec, cap: KVCapacity, num_blocks: int) -> Refusal | 
     pool_bytes = num_blocks * cap.block_bytes
     if pool_bytes <= cap.available_kv_bytes:
         return None
-    room_bytes = gpu.hbm_bytes - cap.weight_bytes - cap.activation_bytes - cap.non_torch_bytes
+    room_bytes = gpu.total_memory_bytes - cap.weight_bytes - cap.activation_bytes - cap.non_torch_bytes
     pool = (f"num_gpu_blocks_override {num_blocks:,} blocks take {pool_bytes / GIB:.1f} GiB of KV"
             f" per rank")
     if pool_bytes <= room_bytes:
         return (f"{pool}, beyond the {cap.available_kv_bytes / GIB:.1f} GiB that"
-                f" gpu_memory_utilization {cap.budget_bytes / gpu.hbm_bytes:.2f} leaves for KV"
+                f" gpu_memory_utilization {cap.budget_bytes / gpu.total_memory_bytes:.2f} leaves for KV"
                 f" ({cap.num_blocks:,} blocks): they fit only in the memory it holds back")
     most = max(room_bytes, 0) // cap.block_bytes
     return Refusal(
         key="num_gpu_blocks_override",
-        reason=f"{pool}, but {cap.gpu_name} ({gpu.hbm_gib:g} GiB) has"
+        reason=f"{pool}, but {cap.gpu_name} ({gpu.total_memory_gib:.2f} GiB) has"
                f" {max(room_bytes, 0) / GIB:.1f} GiB left once the weights, activations and"
                " overhead are in: vLLM takes the override without a memory check, so allocating"
                " the KV cache fails (CUDA out of memory)",
@@ -244,7 +244,7 @@ def _utilization_that_fits(gpu: GPUSpec, cap: KVCapacity, needed_bytes: int) -> 
     """The gpu_memory_utilization (2 decimals) whose budget holds ``needed_bytes`` of KV, when
     it is at most :data:`MAX_SUGGESTED_UTILIZATION`: raising the budget adds to the KV memory
     alone (weights, activations and overhead do not depend on it)."""
-    wanted = (cap.budget_bytes + needed_bytes - cap.available_kv_bytes) / gpu.hbm_bytes
+    wanted = (cap.budget_bytes + needed_bytes - cap.available_kv_bytes) / gpu.total_memory_bytes
     wanted = math.ceil(wanted * 100) / 100
     return wanted if wanted <= MAX_SUGGESTED_UTILIZATION else None
 

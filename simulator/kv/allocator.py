@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
 
@@ -279,6 +279,22 @@ class KVAllocator(ABC):
         assert self._saved_tokens == saved, (self._saved_tokens, saved)
         assert self._sum_tokens == sum(self.num_tokens.values())
         assert self.num_tokens.keys() == self.final_tokens.keys()
+
+
+def blocks_before_eviction(free: Sequence[int], evictable: Collection[int], block_hash: Sequence[object],
+                           num_named: int, limit: int) -> int:
+    """Blocks a block pool hands out (up to ``limit``) before one that holds a cached hash: its
+    plain free list first, then its evictable list (oldest first) up to the first named block —
+    its anonymous full blocks evict nothing (simulator/kv/paged.py). ``num_named``: the named
+    blocks on the evictable list."""
+    n = len(free)
+    if n >= limit or not num_named:
+        return min(limit, n + len(evictable))
+    for b in evictable:
+        if n >= limit or block_hash[b] is not None:
+            break
+        n += 1
+    return n
 
 
 def check_sizes(num_tokens: int, final_tokens: int) -> None:

@@ -2,8 +2,19 @@
 
 Conventions (so every entry is comparable):
 
-* ``hbm_bytes`` is the datasheet capacity read as GiB (80 GB -> 80 × 2**30), as vLLM's planning
-  does; the driver reports slightly less (an H100-80GB shows ~79.2 GiB).
+* ``hbm_bytes`` is the datasheet capacity read as GiB (80 GB -> 80 × 2**30): the GPU's name and
+  the catalog's defaults by memory size use it. ``reported_bytes`` is the total the driver
+  reports, where a reading is cited: what ``torch.cuda.mem_get_info()`` returns as ``total``
+  (``cudaMemGetInfo``; the same figure as ``torch.cuda.get_device_properties().total_memory`` and
+  deviceQuery's "Total amount of global memory"), which the engines size their pools from — vLLM
+  takes ``gpu_memory_utilization`` of it (vLLM 0.33.0: vllm/v1/worker/utils.py ``request_memory``,
+  ``requested_memory = ceil(init_snapshot.total_memory × gpu_memory_utilization)``, the total from
+  ``torch.accelerator.get_memory_info`` in vllm/utils/mem_utils.py ``MemorySnapshot``),
+  TensorRT-LLM its free part.
+  An H100-80GB reports 79.20 GiB, 1% under its 80 GiB. Where only nvidia-smi's total is cited
+  (B300, GB200, GB300) that is taken; it is a little above the driver's (by 453–717 MiB on the
+  H100, H200 and B200, where both are known). Without a reading (A10G, MI325X, MI355X) the
+  datasheet figure stands. :attr:`GPUSpec.total_memory_bytes` is the one the sizing uses.
 * Throughputs are *dense* (no 2:4 sparsity) tensor-core FLOP/s; ``dense_fp8_flops`` is 0 where
   the GPU has no fp8 tensor cores, ``dense_int8_ops`` (int8 ops/s) 0 where it has no int8 ones,
   ``dense_fp4_flops`` 0 where it has no FP4 ones. ``fp4_formats`` names the block-scaled FP4
@@ -42,6 +53,7 @@ from dataclasses import dataclass
 from simulator.errors import KvplanError
 
 _GIB = 2**30
+_MIB = 2**20
 _PCIE4_BYTES_S = 32e9  # PCIe 4.0 x16, per direction
 _PCIE5_BYTES_S = 64e9  # PCIe 5.0 x16, per direction
 _NVLINK5_BYTES_S = 900e9  # NVLink 5: 1.8 TB/s per GPU bidirectional (Blackwell datasheets)
@@ -67,10 +79,21 @@ class GPUSpec:
     # Dense FP4 tensor-core FLOP/s, what W4A4 GEMMs in one of ``fp4_formats`` run at; 0 = none.
     dense_fp4_flops: float = 0.0
     fp4_formats: tuple[str, ...] = ()  # "nvfp4", "mxfp4": the FP4 block formats they take
+    reported_bytes: int = 0  # total memory as the driver reports it (module docstring); 0: none cited
 
     @property
     def hbm_gib(self) -> float:
         return self.hbm_bytes / _GIB
+
+    @property
+    def total_memory_bytes(self) -> int:
+        """The memory an engine sizes its pool from: the driver's total where a reading is cited,
+        else the datasheet's (module docstring)."""
+        return self.reported_bytes or self.hbm_bytes
+
+    @property
+    def total_memory_gib(self) -> float:
+        return self.total_memory_bytes / _GIB
 
 
 _CATALOG: tuple[GPUSpec, ...] = (
@@ -78,28 +101,42 @@ _CATALOG: tuple[GPUSpec, ...] = (
     # BF16 312 TFLOPS dense, NVLink 3 600 GB/s, PCIe 4.0. Price: Lambda on-demand 1x A100 40GB
     # SXM4, $1.29/GPU-h (lambda.ai/pricing, 2025).
     # INT8 624 TOPS dense (1,248 with sparsity), same datasheet.
+    # Reported: 42,298,834,944 bytes (39.39 GiB), deviceQuery on an A100-SXM4-40GB, CUDA 12.2
+    # (github.com/bottlerocket-os/bottlerocket/pull/3873); another deviceQuery shows 40,441 MiB
+    # (39.49 GiB; upb-pc2.atlassian.net, "NVIDIA A100 40GB with NVLINK"): drivers differ.
     GPUSpec("A100-40GB", 40 * _GIB, 1.555e12, 312e12, 0.0, 300e9, _PCIE4_BYTES_S, 1.29,
-            dense_int8_ops=624e12, scaleout_bandwidth_bytes_s=25e9),
+            dense_int8_ops=624e12, scaleout_bandwidth_bytes_s=25e9, reported_bytes=42_298_834_944),
     # Same datasheet, 80 GB HBM2e 2,039 GB/s. Price: Lambda 8x A100 80GB SXM4, $1.79/GPU-h (2025).
+    # Reported: 85,100,068,864 bytes (79.26 GiB), deviceQuery on 4 × A100-SXM4-80GB, CUDA 12.5
+    # (github.com/thamada/nvidia-smi, gls/A100SXMx4_deviceQuery.py).
     GPUSpec("A100-80GB", 80 * _GIB, 2.039e12, 312e12, 0.0, 300e9, _PCIE4_BYTES_S, 1.79,
-            dense_int8_ops=624e12, scaleout_bandwidth_bytes_s=25e9),
+            dense_int8_ops=624e12, scaleout_bandwidth_bytes_s=25e9, reported_bytes=85_100_068_864),
     # NVIDIA H100 datasheet (SXM5): 80 GB HBM3 3.35 TB/s, BF16 989 TFLOPS and FP8 1,979 TFLOPS
     # dense (half the "with sparsity" figures), NVLink 4 900 GB/s, PCIe 5.0.
     # Price: Lambda 8x H100 SXM, $2.99/GPU-h (lambda.ai/pricing, 2025).
     # INT8 1,979 TOPS dense (3,958 with sparsity), same datasheet.
+    # Reported: 85,045,477,376 bytes (79.20 GiB), deviceQuery on 8 × "NVIDIA H100 80GB HBM3",
+    # CUDA 12.7 (github.com/thamada/nvidia-smi, nvsim/H100SXMx8_deviceQuery.py); vLLM's start-up
+    # logs on H100s give 79.18 GiB (github.com/llm-d/llm-d-benchmark,
+    # config_explorer/empirical-vllm-memory-results.md).
     GPUSpec("H100-80GB", 80 * _GIB, 3.35e12, 989.4e12, 1978.9e12, 450e9, _PCIE5_BYTES_S, 2.99,
-            dense_int8_ops=1978.9e12),
+            dense_int8_ops=1978.9e12, reported_bytes=85_045_477_376),
     # NVIDIA H200 product page (SXM): 141 GB HBM3e 4.8 TB/s, same tensor cores as H100,
     # NVLink 900 GB/s. Price: RunPod on-demand H200 SXM, $3.99/GPU-h (runpod.io/pricing, 2025).
     # INT8 3,958 TOPS with sparsity (H200 datasheet), 1,979 dense.
+    # Reported: total_memory=143156MB (MiB; 139.80 GiB), torch.cuda.get_device_properties on an
+    # "NVIDIA H200" (github.com/ai-bot-pro/achatbot, deploy/modal/src/llm/vllm/vlm/skywork_r1v.py);
+    # nvidia-smi shows 143,771 MiB (github.com/NVIDIA/cuda-samples/issues/311).
     GPUSpec("H200-141GB", 141 * _GIB, 4.8e12, 989.4e12, 1978.9e12, 450e9, _PCIE5_BYTES_S, 3.99,
-            dense_int8_ops=1978.9e12),
+            dense_int8_ops=1978.9e12, reported_bytes=143_156 * _MIB),
     # NVIDIA L4 datasheet: 24 GB GDDR6 300 GB/s, BF16 242 / FP8 485 TFLOPS with sparsity (so
     # 121 / 242.5 dense), PCIe 4.0 x16 only. Price: Google Cloud g2-standard-4 (1x L4),
     # ~$0.71/h in us-central1 (cloud.google.com/compute/gpus-pricing, 2025).
     # INT8 485 TOPS with sparsity (same datasheet), 242.5 dense.
+    # Reported: 23,583,784,960 bytes (21.96 GiB), deviceQuery on an L4, CUDA 12.2
+    # (github.com/bottlerocket-os/bottlerocket-kernel-kit/pull/139).
     GPUSpec("L4", 24 * _GIB, 300e9, 121e12, 242.5e12, _PCIE4_BYTES_S, _PCIE4_BYTES_S, 0.71,
-            dense_int8_ops=242.5e12),
+            dense_int8_ops=242.5e12, reported_bytes=23_583_784_960),
     # NVIDIA A10G (AWS's A10 variant): 24 GB GDDR6 600 GB/s, ~70 TFLOPS FP16/BF16 tensor
     # (baseten.co "NVIDIA A10 vs A10G for ML model inference"), PCIe 4.0, no fp8.
     # Price: AWS g5.xlarge on-demand, $1.006/h in us-east-1 (aws.amazon.com/ec2/pricing, 2025).
@@ -111,14 +148,19 @@ _CATALOG: tuple[GPUSpec, ...] = (
     # 1,008 GB/s; BF16 165.2 and FP8 330.3 TFLOPS dense with FP32 accumulate; no NVLink.
     # Price: RunPod secure cloud RTX 4090, $0.69/h (runpod.io/pricing, 2025).
     # Same appendix: INT8 660.6 TOPS dense (1,321.2 with sparsity).
+    # Reported: 25,386,352,640 bytes (23.64 GiB), deviceQuery on an RTX 4090, CUDA 12.4
+    # (github.com/thamada/nvidia-smi, gls/RTX4090_deviceQuery.py).
     GPUSpec("RTX-4090", 24 * _GIB, 1.008e12, 165.2e12, 330.3e12, _PCIE4_BYTES_S,
-            _PCIE4_BYTES_S, 0.69, dense_int8_ops=660.6e12),
+            _PCIE4_BYTES_S, 0.69, dense_int8_ops=660.6e12, reported_bytes=25_386_352_640),
     # AMD Instinct MI300X product page: 192 GB HBM3 5.3 TB/s, BF16 1,307.4 and FP8 2,614.9
     # TFLOPS dense, Infinity Fabric 896 GB/s peak aggregate (448 each way), PCIe 5.0.
     # Price: RunPod on-demand MI300X, $2.49/GPU-h (runpod.io/pricing, 2025).
     # Same page: INT8 2,614.9 TOPS dense (5,229.8 with sparsity).
+    # Reported: 196,592 MiB (191.98 GiB), the HIP device query on an MI300X
+    # (github.com/thamada/nvidia-smi, package/MI300X_deviceQuery.py), as PyTorch on ROCm prints
+    # it too (total_memory=196592MB).
     GPUSpec("MI300X", 192 * _GIB, 5.3e12, 1307.4e12, 2614.9e12, 448e9, _PCIE5_BYTES_S, 2.49,
-            dense_int8_ops=2614.9e12),
+            dense_int8_ops=2614.9e12, reported_bytes=196_592 * _MIB),
     # NVIDIA Blackwell datasheet, HGX B200 (8 GPUs; every tensor-core figure "with sparsity"):
     # FP4 144 PFLOPS, FP8/FP6 72, INT8 72 POPS, FP16/BF16 36 -> per GPU and dense (halved) FP4
     # 9,000, FP8 4,500, INT8 4,500, BF16 2,250 TFLOPS; 1.4 TB HBM3e, which the DGX B200 datasheet
@@ -128,8 +170,12 @@ _CATALOG: tuple[GPUSpec, ...] = (
     # Gen5); scale-out 8 × ConnectX-7 400 Gb/s (DGX B200 datasheet). Cross-check (AIConfigurator
     # systems/b200_sxm.yaml, Apache-2.0): the same peaks and 180 GiB, but 7.7 TB/s and PCIe 6.0.
     # Price: Lambda on-demand 8x B200 SXM6, $4.99/GPU-h (lambda.ai/pricing, 2025).
+    # Reported: total_memory=182642MB (MiB; 178.36 GiB), torch.cuda.get_device_properties on an
+    # "NVIDIA B200" (github.com/ai-bot-pro/achatbot, deploy/modal/src/llm/vllm/vlm/
+    # skywork_r1v.py); a CUDA query prints 182,631 MiB (github.com/pytorch/ao/pull/4002).
     GPUSpec("B200-180GB", 180 * _GIB, 8.0e12, 2250e12, 4500e12, _NVLINK5_BYTES_S, _PCIE5_BYTES_S,
-            4.99, dense_int8_ops=4500e12, dense_fp4_flops=9000e12, fp4_formats=_BLACKWELL_FP4),
+            4.99, dense_int8_ops=4500e12, dense_fp4_flops=9000e12, fp4_formats=_BLACKWELL_FP4,
+            reported_bytes=182_642 * _MIB),
     # NVIDIA Blackwell Ultra datasheet, HGX B300 (8 GPUs): FP4 144 PFLOPS with sparsity, 105
     # PFLOPS without (Blackwell Ultra's FP4 is quoted both ways) -> 13,125 TFLOPS dense per GPU;
     # FP8/FP6 72 PFLOPS, FP16/BF16 36 PFLOPS, INT8 2 POPS, all with sparsity -> 4,500, 2,250 and
@@ -141,9 +187,10 @@ _CATALOG: tuple[GPUSpec, ...] = (
     # reports it (268.6 GiB), is 7% under the 288 GiB this catalog's convention reads.
     # Price: $10.31/GPU-h, North-America blended spot/on-demand/reserved average (signwl.com GPU
     # market pulse, week of 2026-04-06): no on-demand list price is cited.
+    # Reported: nvidia-smi's 275,040 MiB (AIConfigurator systems/b300_sxm.yaml), no driver reading.
     GPUSpec("B300-288GB", 288 * _GIB, 8.0e12, 2250e12, 4500e12, _NVLINK5_BYTES_S, _PCIE5_BYTES_S,
             10.31, dense_int8_ops=125e12, scaleout_bandwidth_bytes_s=100e9,
-            dense_fp4_flops=13125e12, fp4_formats=_BLACKWELL_FP4),
+            dense_fp4_flops=13125e12, fp4_formats=_BLACKWELL_FP4, reported_bytes=275_040 * _MIB),
     # NVIDIA Blackwell datasheet, GB200 NVL72 (36 Grace : 72 Blackwell GPUs in one NVLink
     # domain; tensor-core figures with sparsity): FP4 1,440 PFLOPS, FP8/FP6 720, INT8 720 POPS,
     # FP16/BF16 360 -> per GPU dense FP4 10,000, FP8 5,000, INT8 5,000, BF16 2,500 TFLOPS (above
@@ -154,9 +201,10 @@ _CATALOG: tuple[GPUSpec, ...] = (
     # 400 Gb/s NIC per GPU. Cross-check (AIConfigurator systems/gb200.yaml): the same peaks,
     # 8 TB/s, 189,471 MiB as nvidia-smi reports it (185.0 GiB), 72 GPUs per rack on NVLink.
     # Price: $12.47/GPU-h, North-America blended average (signwl.com, week of 2026-04-06).
+    # Reported: nvidia-smi's 189,471 MiB (AIConfigurator systems/gb200.yaml), no driver reading.
     GPUSpec("GB200", 186 * _GIB, 8.0e12, 2500e12, 5000e12, _NVLINK5_BYTES_S, 225e9, 12.47,
             dense_int8_ops=5000e12, gpus_per_node=72, dense_fp4_flops=10000e12,
-            fp4_formats=_BLACKWELL_FP4),
+            fp4_formats=_BLACKWELL_FP4, reported_bytes=189_471 * _MIB),
     # NVIDIA Blackwell Ultra datasheet, GB300 NVL72 (72 Blackwell Ultra GPUs in one NVLink
     # domain): FP4 1,440 PFLOPS with sparsity | 1,080 without -> 15,000 TFLOPS dense per GPU;
     # FP8/FP6 720 PFLOPS, FP16/BF16 360, INT8 24 POPS, with sparsity -> 5,000, 2,500 and 166.7
@@ -166,9 +214,10 @@ _CATALOG: tuple[GPUSpec, ...] = (
     # (AIConfigurator systems/gb300.yaml): FP4 15, FP8 5, BF16 2.5 PFLOPS, INT8 165 TOPS,
     # 8 TB/s; 284,208 MiB as nvidia-smi reports it (277.5 GiB).
     # Price: $12.32/GPU-h, North-America blended average (signwl.com, week of 2026-04-06).
+    # Reported: nvidia-smi's 284,208 MiB (AIConfigurator systems/gb300.yaml), no driver reading.
     GPUSpec("GB300", 288 * _GIB, 8.0e12, 2500e12, 5000e12, _NVLINK5_BYTES_S, 225e9, 12.32,
             dense_int8_ops=166.7e12, gpus_per_node=72, scaleout_bandwidth_bytes_s=100e9,
-            dense_fp4_flops=15000e12, fp4_formats=_BLACKWELL_FP4),
+            dense_fp4_flops=15000e12, fp4_formats=_BLACKWELL_FP4, reported_bytes=284_208 * _MIB),
     # AMD Instinct MI325X data sheet: 256 GB HBM3E 6 TB/s, FP16/BF16 1,307.4 and FP8 2,614.9
     # TFLOPS dense (2,614.9 / 5,229.8 with sparsity), INT8 2,614.9 TOPS dense; CDNA 3, no FP4;
     # Infinity Fabric 896 GB/s peak aggregate (448 each way), PCIe 5.0 x16. ROCm's GPU

@@ -70,7 +70,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from simulator.kv.allocator import NO_COPIES, AllocFailure, Allocation, AppendResult, KVAllocator
+from simulator.kv.allocator import (
+    NO_COPIES,
+    AllocFailure,
+    Allocation,
+    AppendResult,
+    KVAllocator,
+    blocks_before_eviction,
+)
 from simulator.kv.model_config import CHUNKED_ATTENTION, LINEAR_ATTENTION, SLIDING_ATTENTION
 from simulator.kv.sizing import HybridKVLayout, skipped_tokens
 
@@ -339,27 +346,13 @@ class HybridPagedAllocator(KVAllocator):
                 return True
         return False
 
-    def num_uncached_free_blocks(self) -> int:
-        """Free blocks that hold no cached content: new blocks are taken from them first, so
-        that many evict nothing."""
-        return len(self._free)
-
     def num_cached_free_blocks(self) -> int:
-        """Free blocks that still hold a cached hash (findable until reused)."""
+        """As :meth:`PagedAllocator.num_cached_free_blocks`, over every group's blocks."""
         return self._num_cached_free
 
     def free_blocks_before_eviction(self, limit: int) -> int:
-        """Blocks that can be taken (up to ``limit``) before one that holds a cached hash is:
-        the plain free list, then the evictable list's anonymous blocks up to its first named."""
-        n = len(self._free)
-        if n >= limit or not self._num_cached_free:
-            return min(limit, n + len(self._evictable))
-        block_hash = self.block_hash
-        for b in self._evictable:
-            if n >= limit or block_hash[b] is not None:
-                break
-            n += 1
-        return n
+        """As :meth:`PagedAllocator.free_blocks_before_eviction`: block ids, of any group."""
+        return blocks_before_eviction(self._free, self._evictable, self.block_hash, self._num_cached_free, limit)
 
     # ------------------------------------------------------------------ interface
     def can_allocate(self, num_tokens: int, final_tokens: int, block_hashes: Sequence[int] = (),

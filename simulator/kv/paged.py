@@ -100,6 +100,7 @@ from simulator.kv.allocator import (
     Allocation,
     AppendResult,
     KVAllocator,
+    blocks_before_eviction,
 )
 
 
@@ -178,17 +179,10 @@ class PagedAllocator(KVAllocator):
 
     def free_blocks_before_eviction(self, limit: int) -> int:
         """Blocks that can be taken (up to ``limit``) before one that holds a cached hash is:
-        that many single-block appends evict nothing. The plain free list is taken first, then
-        the evictable list from its oldest, whose anonymous blocks evict nothing either."""
-        n = len(self._free)
-        if n >= limit or not self._num_cached_free:
-            return min(limit, n + len(self._evictable))
-        block_hash = self.block_hash
-        for b in self._evictable:
-            if n >= limit or block_hash[b] is not None:
-                break
-            n += 1
-        return n
+        that many single-block appends evict nothing (:func:`~simulator.kv.allocator.
+        blocks_before_eviction`)."""
+        return blocks_before_eviction(self._free, self._evictable, self.block_hash,
+                                      self._num_cached_free, limit)
 
     def has_unreferenced_hit(self, block_hashes: Sequence[int], num_prompt_tokens: int) -> bool:
         """Whether a block that :meth:`lookup` would find is free (cached, unreferenced): an

@@ -39,8 +39,11 @@ DSA model's attention reads and FLOPs, and it leaves the indexer's scoring out.
 
 Capacity (vLLM's profile run, done here analytically)::
 
-    available = gpu_memory_utilization × HBM − weights/TP − peak activations − non-torch overhead
+    available = gpu_memory_utilization × total memory − weights/TP − peak activations − non-torch overhead
     num_blocks = floor(available / (block_size × β))
+
+(total memory: the GPU's as the driver reports it, ``GPUSpec.total_memory_bytes`` — vLLM takes
+``gpu_memory_utilization`` of ``torch.cuda.mem_get_info``'s total, 79.20 GiB on an H100-80GB.)
 
 (weights: :class:`~simulator.kv.quantization.WeightFormat`, the checkpoint's or ``--quantization``'s
 format. weights/TP ignores the few tensors vLLM replicates on every rank — norms, and k/v projections
@@ -486,7 +489,7 @@ class KVCapacity:
     block_size: int
     bytes_per_token: int  # β per rank
     block_bytes: int  # block_size × β
-    budget_bytes: int  # gpu_memory_utilization × HBM
+    budget_bytes: int  # gpu_memory_utilization × the GPU's total memory (driver-reported)
     weight_bytes: int  # per rank
     activation_bytes: int  # peak, per rank
     non_torch_bytes: int
@@ -567,12 +570,12 @@ def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype
     parallel.check(model, tp_knob=knobs.tp, dp_knob=knobs.dp, ep_knob=knobs.ep,
                    moe_tp_knob=knobs.moe_tp, moe_ep_knob=knobs.moe_ep,
                    dispatch_knob=knobs.moe_dispatch)
-    budget = int(gpu_memory_utilization * gpu.hbm_bytes)
+    budget = int(gpu_memory_utilization * gpu.total_memory_bytes)  # as the driver reports it
     weight_format = resolve_quantization(model, quantization, gpu)
     weights, expert_weights = weights_per_rank(model, weight_format, parallel)
     if weights >= budget:
         raise KvplanError(f"{model.name} weights ({weights / GIB:.1f} GiB per rank) do not fit in"
-                          f" {gpu_memory_utilization:.2f} × {gpu.hbm_gib:g} GiB of {gpu.name};"
+                          f" {gpu_memory_utilization:.2f} × {gpu.total_memory_gib:.2f} GiB of {gpu.name};"
                           f" raise {knobs.tp}" + (f" or {knobs.dp}" if model.is_moe else ""))
     activations = 0 if static_fraction else activation_bytes(
         model, tp=tp, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
@@ -586,7 +589,7 @@ def kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype
     if available < block_bytes:
         raise KvplanError(
             f"no room for the KV cache of {model.name} on {gpu.name}:"
-            f" {gpu_memory_utilization:.2f} × {gpu.hbm_gib:g} GiB − weights {weights / GIB:.2f} GiB"
+            f" {gpu_memory_utilization:.2f} × {gpu.total_memory_gib:.2f} GiB − weights {weights / GIB:.2f} GiB"
             f" − activations {activations / GIB:.2f} GiB − overhead"
             f" {NON_TORCH_OVERHEAD_BYTES / GIB:.2f} GiB = {available / GIB:.2f} GiB; raise {knobs.tp}"
             f" or {knobs.gpu_memory_utilization}, or lower {knobs.max_num_batched_tokens}")

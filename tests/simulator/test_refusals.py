@@ -24,8 +24,14 @@ from simulator.config.scenario import parse_scenario
 WORKLOAD: dict[str, Any] = {"rate": "inf", "num_requests": 4,
                             "prompt_tokens": {"dist": "fixed", "value": 32},
                             "output_tokens": {"dist": "fixed", "value": 4}}
-# Llama-3.1-70B at TP 2 on an H100 with the model's own window (131,072): 32,016 KV tokens with
-# 256 sequences and 8192 batched tokens (`kvplan size`'s defaults; the activation peak they set).
+# Llama-3.1-70B at TP 2 on an H100 with the model's own window (131,072): 27,312 KV tokens with
+# 256 sequences and 8192 batched tokens (`kvplan size`'s defaults; the activation peak they set):
+# 0.9 × 85,045,477,376 bytes (the H100's total as the driver reports it) − 65.71 GiB of weights
+# − 0.91 GiB of activations − 0.5 GiB non-torch = 4.17 GiB, 1,707 blocks of 16 tokens at
+# 163,840 bytes a token. vLLM's start-up check and estimate count all 1,707 blocks; V1's
+# scheduler hands out 1,706 of them (block 0 is its null block).
+NUM_BLOCKS = 1_707
+ESTIMATE = NUM_BLOCKS * 16  # 27,312: vLLM's estimated maximum model length
 REFUSED: dict[str, Any] = {"model": "llama-3.1-70b", "gpu": "h100", "tensor_parallel": 2,
                            "max_num_seqs": 256, "max_num_batched_tokens": 8192,
                            "latency": {"model": "constant", "step_s": 0.01}, "workload": WORKLOAD}
@@ -52,30 +58,35 @@ def quietly(**changes: Any) -> Deployment:
 
 def test_kv_that_cannot_hold_one_request_is_refused_with_vllms_estimate() -> None:
     cap = kv_capacity(get_model("llama-3.1-70b"), get_gpu("h100"), tp=2)
-    assert cap.capacity_tokens == 32_016 < 131_072
+    assert cap.capacity_tokens == ESTIMATE == 27_312 < 131_072
     message = refusal()
     assert message.startswith("s.yaml: vLLM would refuse to start this deployment: one request of"
                               " max_model_len 131,072 tokens")
-    assert "the estimated maximum model length is 32016" in message
+    assert "the estimated maximum model length is 27312" in message
     assert "vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory" in message
-    assert "lower max_model_len to 32,016" in message
+    assert "lower max_model_len to 27,312" in message
     assert "raise tensor_parallel to 4" in message
     assert "allow_refused: true" in message
     assert "--tp" not in message and "\n" not in message
 
 
 def test_every_remedy_it_names_makes_vllm_start() -> None:
-    # vLLM's estimate is the longest window that fits: it and the TP it names both start ...
-    assert deploy(max_model_len=32_016).capacity_tokens == 32_016
+    # vLLM's estimate is the longest window that fits: it and the TP it names both start (the
+    # scheduler's pool is one block short of it: vLLM V1's null block) ...
+    assert deploy(max_model_len=ESTIMATE).capacity_tokens == ESTIMATE - 16  # the null block
     assert deploy(tensor_parallel=4).capacity_tokens >= 131_072
     # ... and one token more than the estimate does not.
-    assert "estimated maximum model length is 32016" in refusal(max_model_len=32_017)
-    # A gap small enough for gpu_memory_utilization: the utilization it names starts.
-    message = refusal(max_model_len=40_000, gpu_memory_utilization=0.88)
+    assert "estimated maximum model length is 27312" in refusal(max_model_len=ESTIMATE + 1)
+    # A gap small enough for gpu_memory_utilization: the utilization it names starts. At 0.89
+    # the KV memory is 0.89 × 85,045,477,376 − 72,063,655,936 bytes (weights, activations,
+    # non-torch) = 3.38 GiB: 1,383 bf16 blocks (22,128 tokens) or 2,767 fp8 ones (44,272), so
+    # fp8 holds the 40,000 tokens and bf16 needs 0.93 (2,500 blocks).
+    message = refusal(max_model_len=40_000, gpu_memory_utilization=0.89)
     assert "set kv_cache_dtype: fp8" in message
     utilization = float(message.split("raise gpu_memory_utilization to ")[1][:4])
+    assert utilization == 0.93
     assert deploy(max_model_len=40_000, gpu_memory_utilization=utilization)
-    assert deploy(max_model_len=40_000, gpu_memory_utilization=0.88, kv_cache_dtype="fp8")
+    assert deploy(max_model_len=40_000, gpu_memory_utilization=0.89, kv_cache_dtype="fp8")
     with pytest.raises(KvplanError):
         deploy(max_model_len=40_000, gpu_memory_utilization=utilization - 0.01)
 
@@ -83,7 +94,7 @@ def test_every_remedy_it_names_makes_vllm_start() -> None:
 def test_allow_refused_simulates_it_and_says_so() -> None:
     with pytest.warns(KvplanWarning, match="vLLM would refuse to start this deployment"):
         dep = deploy(allow_refused=True)
-    assert dep.capacity_tokens == 32_016
+    assert dep.capacity_tokens == (NUM_BLOCKS - 1) * 16  # vLLM's null block
     assert dep.warnings and "simulated anyway" in dep.warnings[0]
     assert dep.warnings[0] in dep.describe()["notes"]
 
@@ -139,7 +150,7 @@ def test_block_sizes_flash_attention_does_not_take_are_warned(block_size: int, w
 
 def test_num_gpu_blocks_override_larger_than_the_gpu_is_refused() -> None:
     cap = quietly(max_model_len=8192).capacity
-    room_bytes = (get_gpu("h100").hbm_bytes - cap.weight_bytes - cap.activation_bytes
+    room_bytes = (get_gpu("h100").total_memory_bytes - cap.weight_bytes - cap.activation_bytes
                   - cap.non_torch_bytes)
     most = room_bytes // cap.block_bytes
     message = refusal(max_model_len=8192, num_gpu_blocks_override=most + 1)
@@ -154,7 +165,7 @@ def test_a_small_override_pool_is_not_a_refusal() -> None:
     # vLLM checks the KV *memory* against max_model_len, then takes the override as given:
     # a pool smaller than one request starts (the fidelity scenarios rely on it).
     dep = deploy(max_model_len=8192, num_gpu_blocks_override=64)
-    assert dep.capacity_tokens == 64 * 16 < 8192 and dep.warnings == ()
+    assert dep.capacity_tokens == (64 - 1) * 16 < 8192 and dep.warnings == ()  # vLLM's null block
 
 
 # --- the seams: CLI, capacity sweeps ------------------------------------------------------------
@@ -187,7 +198,7 @@ def test_capacity_sweep_keeps_a_refused_point_as_a_failed_row(tmp_path: Path) ->
     points = resolve_points(read_capacity_scenario(path))
     failed = {(p.knobs["max_model_len"], p.knobs["block_size"]): p.error for p in points}
     assert failed[(8192, 16)] is None
-    assert "estimated maximum model length is 32016" in str(failed[(131_072, 16)])
+    assert "estimated maximum model length is 27312" in str(failed[(131_072, 16)])
     assert "use block_size 16" in str(failed[(8192, 24)])
     with pytest.warns(KvplanWarning, match="simulated anyway"):
         points = resolve_points(read_capacity_scenario(path, {"allow_refused": True}))

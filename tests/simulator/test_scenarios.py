@@ -56,10 +56,14 @@ def test_scenario_builds_a_deployment(path, tmp_path):
         engine = dep.scheduler_config.engine
         assert d["engine"] == engine
         assert d["num_blocks"] > 0
+        # vLLM V1 keeps block 0 as its null block (BlockPool.__init__); the other engines use all
+        assert d["usable_blocks"] == d["num_blocks"] - (1 if engine == "vllm-v1" else 0)
         if dep.capacity.kv_groups is None:
-            assert d["kv_capacity_tokens"] == d["num_blocks"] * d["block_size"]
+            assert d["kv_capacity_tokens"] == d["usable_blocks"] * d["block_size"]
         else:  # a hybrid model's pool: the context it holds at peak (a block id spans one group)
-            assert d["kv_capacity_tokens"] == int(d["max_concurrency_at_max_model_len"] * d["max_model_len"])
+            # max concurrency counts every block, as vLLM's start-up line; the tokens the usable ones
+            per_request = d["num_blocks"] / d["max_concurrency_at_max_model_len"]
+            assert d["kv_capacity_tokens"] == int(d["usable_blocks"] / round(per_request) * d["max_model_len"])
         assert d["bytes_per_token"] > 0 and d["available_kv_gib"] > 0
         assert d["max_model_len"] >= 2
     assert scenario.allocators and len(set(scenario.allocators)) == len(scenario.allocators)

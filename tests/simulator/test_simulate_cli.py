@@ -37,8 +37,11 @@ PLOTS = ["kv_memory.png", "batch_size.png", "latency_cdf.png", "allocators.png"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 REJECT_REASONS = ("max_model_len", "kv_capacity", "max_num_seqs")
 
-# A small pool (64 blocks = 1,024 slots) and prompts up to 2,000 tokens: some requests exceed
-# max_model_len and are rejected, and KV is tight enough that paged allocation preempts.
+# A small pool (64 usable blocks = 1,024 slots, one max_model_len request) and prompts up to
+# 2,000 tokens: some requests exceed max_model_len and are rejected, and KV is tight enough that
+# paged allocation preempts. The override is 65 blocks: vLLM V1 keeps one as its null block.
+NUM_BLOCKS = 65
+USABLE_BLOCKS = NUM_BLOCKS - 1  # vLLM's null block
 SMALL = """\
 name: small
 seed: 3
@@ -49,7 +52,7 @@ block_size: 16
 max_model_len: 1024
 max_num_seqs: 32
 max_num_batched_tokens: 1024
-num_gpu_blocks_override: 64
+num_gpu_blocks_override: 65
 workload:
   num_requests: 1000
   arrival: {process: poisson, rate: 40}
@@ -100,7 +103,7 @@ def test_summary_has_every_field_for_every_allocator(full_run):
         parts = sum(s["kv"][p] for p in ("token_state", "reserved", "internal_fragmentation",
                                          "external_fragmentation", "free"))
         assert parts == pytest.approx(1.0, abs=1e-9)
-        assert s["kv"]["kv_capacity_tokens"] == 64 * 16
+        assert s["kv"]["kv_capacity_tokens"] == USABLE_BLOCKS * 16
         assert 0 < s["busy_fraction"] <= 1 + 1e-9
         assert s["ttft_s"]["p50"] <= s["ttft_s"]["p99"] <= s["e2e_s"]["p99"] + 1e-12
     assert summary["paged"]["rejected"] > 0  # prompts beyond max_model_len
@@ -132,7 +135,7 @@ def test_steps_csv_bins_conserve_the_pool_and_the_totals(full_run):
     """The default steps.csv: one row per second of simulated time (simulator/engine/steps.py)."""
     steps = pd.read_csv(full_run / "steps.csv")
     assert list(steps.columns) == STEP_COLUMNS
-    assert np.allclose(steps[KV_PARTS].sum(axis=1), 64 * 16, rtol=1e-12)  # time-weighted means
+    assert np.allclose(steps[KV_PARTS].sum(axis=1), USABLE_BLOCKS * 16, rtol=1e-12)  # time-weighted means
     assert (steps[KV_PARTS] >= 0).all().all()
     assert list(steps.allocator.unique()) == ALLOCATORS
     summary = json.loads((full_run / "summary.json").read_text())
@@ -145,7 +148,7 @@ def test_steps_csv_bins_conserve_the_pool_and_the_totals(full_run):
         busy = rows.duration_s.sum()
         # the summary's time-weighted means are the bins' means weighted by their busy seconds
         for part in KV_PARTS:
-            share = (rows[part] * rows.duration_s).sum() / busy / (64 * 16)
+            share = (rows[part] * rows.duration_s).sum() / busy / (USABLE_BLOCKS * 16)
             assert share == pytest.approx(s["kv"][part.removeprefix("kv_")], rel=1e-9, abs=1e-12)
 
 
@@ -156,7 +159,7 @@ def test_steps_full_has_one_row_per_step(full_run, tmp_path):
     assert main(["simulate", *map(str, args)]) == 0
     steps = pd.read_csv(out / "steps.csv")
     assert list(steps.columns) == STEP_COLUMNS
-    assert (steps[KV_PARTS].sum(axis=1) == 64 * 16).all()
+    assert (steps[KV_PARTS].sum(axis=1) == USABLE_BLOCKS * 16).all()
     assert (steps.num_steps == 1).all()
     summary = json.loads((out / "summary.json").read_text())["paged"]
     assert len(steps) == summary["num_steps"]
@@ -173,8 +176,9 @@ def test_run_json_records_the_inputs(full_run):
     assert run["num_requests"] == 200
     assert run["scenario"]["workload"]["num_requests"] == 200
     assert run["scenario"]["seed"] == 3
-    assert run["deployment"]["kv_capacity_tokens"] == 64 * 16
-    assert run["deployment"]["num_blocks"] == 64
+    assert run["deployment"]["kv_capacity_tokens"] == USABLE_BLOCKS * 16
+    assert run["deployment"]["num_blocks"] == NUM_BLOCKS
+    assert run["deployment"]["usable_blocks"] == USABLE_BLOCKS
 
 
 def test_plots_are_written(full_run):

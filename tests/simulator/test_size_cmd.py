@@ -116,7 +116,8 @@ def test_config_json_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
      "--gpu needs --model"),
     (("--model", "llama-2-7b", "--gpu", "h100", "--gpu-memory-utilization", "1.5"),
      "gpu memory utilization"),
-    (("--model", "llama-3.1-70b", "--gpu", "h100"), "do not fit in 0.90 × 80 GiB"),
+    # an H100 reports 85,045,477,376 B = 79.20 GiB, the total vLLM takes 0.9 of
+    (("--model", "llama-3.1-70b", "--gpu", "h100"), "do not fit in 0.90 × 79.20 GiB of H100-80GB"),
 ])
 def test_bad_input_raises(argv: tuple[str, ...], message: str) -> None:
     with pytest.raises(KvplanError, match=message):

@@ -54,6 +54,7 @@ class EngineKnobs:
     gpu_memory_utilization: float
     source: str
     allocator: str = "paged"
+    engine: str = "vllm-v1"  # the kvplan engine that schedules the run
 
 
 def engine_knobs(row: PublishedRow) -> EngineKnobs:
@@ -78,18 +79,15 @@ def engine_knobs(row: PublishedRow) -> EngineKnobs:
         return EngineKnobs(256, 0, False, 0.9,
                            "vLLM V0 defaults: 256 seqs, no chunked prefill (vllm/config.py)")
     if engine in ("tensorrt-llm", "nim"):
-        # TensorRT-LLM admits a request only when the KV of its whole sequence (prompt + max
-        # new tokens) fits — its default capacity policy GUARANTEED_NO_EVICT
-        # (docs/source/advanced/gpt-attention.md, "Capacity scheduler"; tensorrt_llm/llmapi
-        # SchedulerConfig default) — so it never preempts. With the fixed lengths of these
-        # benchmarks, kvplan's contiguous-oracle allocator (reserve the final length at
-        # admission) makes the same admissions.
-        # KV memory: perf-overview.md runs "in many cases" with
-        # --kv_cache_free_gpu_mem_fraction 0.95 (of the memory left after the weights); a
-        # utilization of 0.95 leaves the same KV pool to within a few hundred MiB.
+        # kvplan's TensorRT-LLM engine (simulator/scheduler/trtllm.py): its capacity scheduler
+        # (GUARANTEED_NO_EVICT by default: a request is admitted only when the blocks of its
+        # whole sequence fit, so it never preempts), its micro-batch scheduler and its KV pool
+        # (tokens_per_block 32, sized as free_gpu_memory_fraction of the memory left after the
+        # weights and activations: trtllm_capacity). perf-overview.md runs "in many cases" with
+        # --kv_cache_free_gpu_mem_fraction 0.95, and with chunked context.
         return EngineKnobs(2048, 8192, True, 0.95,
                            "TensorRT-LLM batch limits and KV fraction 0.95 (perf-overview.md),"
-                           " GUARANTEED_NO_EVICT", allocator="contiguous-oracle")
+                           " GUARANTEED_NO_EVICT", engine="trtllm")
     if big:
         tokens = 16384 if offline and engine == "vllm" else 8192
         return EngineKnobs(1024, tokens, True, 0.9,
@@ -229,7 +227,7 @@ def _build(setup: Setup) -> None:
         setup.notes.append("KV cache fp8 assumed: ModelOpt FP8 checkpoints declare kv_cache_quant_algo FP8")
     scenario: dict[str, Any] = {
         "name": r.row_id, "model": model, "gpu": gpu, "tensor_parallel": r.tensor_parallel,
-        "allocators": [knobs.allocator], "kv_cache_dtype": kv_dtype,
+        "engine": knobs.engine, "allocators": [knobs.allocator], "kv_cache_dtype": kv_dtype,
         "quantization": quantization, "max_model_len": max_model_len,
         "gpu_memory_utilization": knobs.gpu_memory_utilization,
         "max_num_seqs": knobs.max_num_seqs, "enable_chunked_prefill": knobs.enable_chunked_prefill,

@@ -18,7 +18,7 @@ from simulator.errors import KvplanError
 from simulator.kv.expert_parallel import ExpertRouting, ParallelLayout
 from simulator.kv.gpus import get_gpu
 from simulator.kv.models import get_model
-from simulator.kv.sizing import GIB, NON_TORCH_OVERHEAD_BYTES, kv_capacity
+from simulator.kv.sizing import GIB, MIB, NON_TORCH_OVERHEAD_BYTES, kv_capacity
 from simulator.config.scenario import load_scenario, parse_scenario
 from simulator.commands.size import add_parser, run
 
@@ -36,7 +36,8 @@ QW_EXPERT = 3 * 4096 * 1536 * 2
 QW_WEIGHTS = 470_187_269_120
 QW_DENSE = QW_WEIGHTS - 94 * 128 * QW_EXPERT
 
-BUDGET = int(0.9 * 141 * GIB)
+# 0.9 of the 143,156 MiB (139.80 GiB) an H200 reports (H200.total_memory_bytes), not 141 GiB
+BUDGET = int(0.9 * 143_156 * MIB)
 
 
 def _ds(tp: int, dp: int, ep: bool = True):
@@ -80,9 +81,11 @@ def test_deepseek_kv_per_rank_dp8_ep8() -> None:
     available = BUDGET - cap.weight_bytes - activations - NON_TORCH_OVERHEAD_BYTES
     assert cap.bytes_per_token == DS_BETA == 70_272
     assert cap.available_kv_bytes == available
-    assert cap.num_blocks == available // (16 * DS_BETA) == 29_282
-    assert cap.max_concurrency == pytest.approx(29_282 * 16 / 8192)
-    assert cap.total_concurrency == pytest.approx(8 * 29_282 * 16 / 8192)  # 457.5 requests
+    # 135,098,951,270 − 100,817,025,024 − 1,979,711,488 − 536,870,912 = 31,765,343,846 B
+    assert available == 31_765_343_846
+    assert cap.num_blocks == available // (16 * DS_BETA) == 28_252
+    assert cap.max_concurrency == pytest.approx(28_252 * 16 / 8192)
+    assert cap.total_concurrency == pytest.approx(8 * 28_252 * 16 / 8192)  # 441.4 requests
 
 
 def test_deepseek_tp8_replicates_the_latent() -> None:
@@ -167,7 +170,8 @@ def test_size_command_prints_per_rank_and_total(capsys: pytest.CaptureFixture[st
     weights = DS_DENSE + 58 * 32 * DS_EXPERT
     assert f"{weights / GIB:.2f} GiB, of which routed experts {58 * 32 * DS_EXPERT / GIB:.2f} GiB" in out
     assert "EP 8, 32 routed experts per layer" in out
-    assert "57.19x per DP rank, 457.53x in all" in out
+    # 28,252 blocks a DP rank (test_deepseek_kv_per_rank_dp8_ep8): × 16 / 8192 = 55.18, × 8 = 441.44
+    assert "55.18x per DP rank, 441.44x in all" in out
 
 
 def test_size_command_needs_gpu_for_dp() -> None:
@@ -184,7 +188,7 @@ def test_scenario_runs_one_replica_per_dp_rank() -> None:
     scenario, base = load_scenario(SCENARIO)
     dep = build_deployment(scenario, base)
     assert dep.scenario.num_replicas == 8 and dep.capacity.ep == 8
-    assert dep.num_blocks == 29_282
+    assert dep.num_blocks == 28_252  # test_deepseek_kv_per_rank_dp8_ep8's pool
     described = dep.describe()
     assert (described["data_parallel_size"], described["expert_parallel_size"]) == (8, 8)
 

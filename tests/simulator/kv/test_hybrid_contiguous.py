@@ -269,7 +269,9 @@ def test_deployment_reserves_per_group_for_a_hybrid_model() -> None:
     assert groups is not None  # sized by the hybrid manager although a contiguous run is listed
     alloc = dep.make_allocator("contiguous-max")
     assert isinstance(alloc, HybridContiguousAllocator)
-    assert alloc.capacity_tokens == dep.make_allocator("paged").capacity_tokens == 3000 * 16
+    # the 3,000 overridden blocks less vLLM V1's null block (Deployment.usable_blocks)
+    assert dep.num_blocks == 3000 and dep.usable_blocks == 3000 - 1
+    assert alloc.capacity_tokens == dep.make_allocator("paged").capacity_tokens == (3000 - 1) * 16
     # 1 full + 1 sliding group (W 128): 4,096 + 16 · (ceil((127 + 2,048) / 16) + 1) = 4,096 + 2,192
     assert alloc.reservation(100, 120) == 4096 + 2192
 

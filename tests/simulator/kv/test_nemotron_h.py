@@ -106,17 +106,18 @@ def test_size_by_hand(capsys: pytest.CaptureFixture[str]) -> None:
     # its activation 2·T·21,504·2 (over attention T·(2·32 + 2·8)·128·2 and the logits 2·256·V·4)
     activations = 2 * 8192 * 4096 * 2 + 2 * 8192 * 21504 * 2
     assert (r["weight_bytes"], r["activation_bytes"]) == (weights, activations)
-    available = int(0.9 * 80 * 2**30) - weights - activations - 2**29
-    assert r["available_kv_bytes"] == available
+    # 0.9 of the 85,045,477,376 B an H100 reports (79.20 GiB), not its 80 GiB name
+    available = int(0.9 * 85_045_477_376) - weights - activations - 2**29
+    assert r["available_kv_bytes"] == available == 58_963_492_454
     # groups of 4 layers (4 attention, 24 Mamba: 24 ≥ 1.5 × 4): 1 full and 6 linear groups; a
     # state (4,255,744 B) must fit an attention page: block 16 · ceil(4,255,744 / (16 · 4,096))
     assert r["block_size"] == 16 * 65 == 1040
     assert r["block_bytes"] == 1040 * page_token * 4
-    assert r["num_blocks"] == available // (1040 * page_token * 4) == 3505
+    assert r["num_blocks"] == available // (1040 * page_token * 4) == 3460
     # an 8,192-token request: ceil(8,192 / 1,040) = 8 full blocks + 6 state blocks
-    assert r["max_concurrency"] == pytest.approx(3505 / 14)
-    assert r["capacity_tokens"] == int(3505 / 14 * 8192)
-    assert r["max_seqs_at_seq_len"] == 3505 // (2 + 6)
+    assert r["max_concurrency"] == pytest.approx(3460 / 14)
+    assert r["capacity_tokens"] == int(3460 / 14 * 8192)
+    assert r["max_seqs_at_seq_len"] == 3460 // (2 + 6)
 
 
 def test_roofline_one_allreduce_per_layer_and_the_float32_state() -> None:

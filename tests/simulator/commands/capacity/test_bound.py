@@ -37,9 +37,10 @@ def test_one_sequence_at_a_time_serves_one_over_the_service_time() -> None:
 
 def test_a_small_pool_bounds_the_batch_by_the_mean_request() -> None:
     """64 slots; paged requests of 16 + 8 tokens hold 16 + 8/2 = 20 on average: 3.2 fit, so 3
-    sequences decode at once, each 8 steps of S: U = 3 / (8 S)."""
+    sequences decode at once, each 8 steps of S: U = 3 / (8 S). The override is 4 + 1 blocks:
+    vLLM V1 keeps one as its null block."""
     data = analytic_scenario(8, {"ttft_p99_s": 1.0})
-    data.update(max_num_seqs=256, num_gpu_blocks_override=4)
+    data.update(max_num_seqs=256, num_gpu_blocks_override=4 + 1)
     dep, bound = bound_of(data)
     assert dep.capacity_tokens == 64
     assert bound.kv_requests == pytest.approx(64 / 20) and bound.limit == "kv" and bound.batch == 3
@@ -47,9 +48,10 @@ def test_a_small_pool_bounds_the_batch_by_the_mean_request() -> None:
 
 
 def test_contiguous_reservations_hold_their_whole_region() -> None:
-    """contiguous-max reserves max_model_len for every request, oracle the final length."""
+    """contiguous-max reserves max_model_len for every request, oracle the final length: a pool
+    of 64 usable blocks (1,024 slots; the override is one more, vLLM V1's null block)."""
     data = analytic_scenario(8, {"ttft_p99_s": 1.0})
-    data.update(max_num_seqs=256, num_gpu_blocks_override=64, max_model_len=512)
+    data.update(max_num_seqs=256, num_gpu_blocks_override=64 + 1, max_model_len=512)
     _, most = bound_of({**data, "allocators": ["contiguous-max"]}, "contiguous-max")
     _, exact = bound_of({**data, "allocators": ["contiguous-oracle"]}, "contiguous-oracle")
     assert most.kv_requests == pytest.approx(1024 / 512) and most.batch == 2

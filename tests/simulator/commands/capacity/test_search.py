@@ -176,9 +176,10 @@ def test_stability_bounds_capacity_when_the_slo_only_bounds_tpot() -> None:
 
 def test_a_small_kv_pool_limits_concurrency() -> None:
     """A pool of 4 blocks of 16 tokens, requests of 16 + 8 tokens (2 blocks each): at most two
-    run at once although max_num_seqs allows 256, and admissions are refused for lack of KV."""
+    run at once although max_num_seqs allows 256, and admissions are refused for lack of KV.
+    The override is 4 + 1 blocks: vLLM V1 keeps one as its null block."""
     data = analytic_scenario(8, {"ttft_p99_s": 1.0}, 60)
-    data.update(max_num_seqs=256, num_gpu_blocks_override=4)
+    data.update(max_num_seqs=256, num_gpu_blocks_override=4 + 1)
     result = run_search(task(data, start=4.0, tolerance=0.1))
     at_max = result.at_max
     assert at_max is not None and at_max.max_batch_size == 2 and at_max.num_kv_refusals > 0

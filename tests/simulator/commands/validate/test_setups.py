@@ -48,8 +48,16 @@ def test_engine_knobs_follow_vllm_defaults_by_gpu_and_entry_point() -> None:
     assert (a100.max_num_seqs, a100.max_num_batched_tokens) == (256, 2048)
     v0 = engine_knobs(row(engine_version="0.6.0"))
     assert v0.max_num_seqs == 256 and not v0.enable_chunked_prefill
-    trt = engine_knobs(row(engine="tensorrt-llm"))
-    assert trt.allocator == "contiguous-oracle" and trt.gpu_memory_utilization == 0.95
+    # TensorRT-LLM (and NIM, served through it) run on kvplan's trtllm engine, paged blocks,
+    # perf-overview.md's KV fraction 0.95 and its 2048 / 8192 batch limits with chunked context
+    for engine in ("tensorrt-llm", "nim"):
+        trt = engine_knobs(row(engine=engine))
+        assert (trt.engine, trt.allocator, trt.gpu_memory_utilization) == ("trtllm", "paged", 0.95), engine
+        assert (trt.max_num_seqs, trt.max_num_batched_tokens, trt.enable_chunked_prefill) == (2048, 8192, True)
+    assert engine_knobs(row()).engine == "vllm-v1"
+    (setup,) = group_setups([row(engine="tensorrt-llm")])
+    assert setup.scenario is not None
+    assert (setup.scenario["engine"], setup.scenario["allocators"]) == ("trtllm", ["paged"])
 
 
 def test_rows_of_one_run_share_a_setup() -> None:
