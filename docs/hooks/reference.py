@@ -559,12 +559,13 @@ def gpu_catalog() -> str:
     aliases: dict[str, list[str]] = {}
     for alias, name in getattr(gpus, "_ALIASES", {}).items():
         aliases.setdefault(name, []).append(alias)
-    rows = ["| GPU | also | HBM | HBM bandwidth | BF16 dense | FP8 dense | INT8 dense | GPU link (per direction) | $/GPU-hour |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| GPU | also | HBM | reported | HBM bandwidth | BF16 dense | FP8 dense | INT8 dense | GPU link (per direction) | $/GPU-hour |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     specs = [gpus.get_gpu(name) for name in gpus.list_gpus()]
     for g in specs:
         tops = lambda v: f"{v / 1e12:,.0f} T" if v else "—"  # noqa: E731
-        rows.append(f"| {g.name} | {cell(', '.join(aliases.get(g.name, [])))} | {g.hbm_gib:g} GiB | "
+        reported = f"{g.reported_bytes / 2**30:.2f} GiB" if g.reported_bytes else "—"
+        rows.append(f"| {g.name} | {cell(', '.join(aliases.get(g.name, [])))} | {g.hbm_gib:g} GiB | {reported} | "
                     f"{g.hbm_bandwidth_bytes_s / 1e12:.3g} TB/s | {tops(g.dense_bf16_flops)} | "
                     f"{tops(g.dense_fp8_flops)} | {tops(g.dense_int8_ops)} | "
                     f"{g.interconnect_bandwidth_bytes_s / 1e9:g} GB/s | {g.price_usd_per_hour:g} |")
