@@ -37,11 +37,12 @@ Orderings that matter:
   request's own blocks: simulator/scheduler/v1.py): a full block nobody names is *anonymous* — it
   joins the evictable list as vLLM's hashed block does, but nothing can hit it, so the hits, the
   evictions of named blocks and the block each request gets are vLLM's without hashing every
-  block. A sequence's last block counts as full when the sequence's final length fills it (exact
-  for a finished sequence; a preempted one's is taken as partial unless its declared tokens fill
-  it, and vLLM V1 names a preempted request's full blocks itself). Before vllm#42656 every freed
-  block went to the tail; ``full_blocks_lru=False`` keeps the earlier kvplan rule (only named
-  blocks are evictable), which the TensorRT-LLM engine uses.
+  block. A sequence's last block counts as full when the sequence's final length fills it: exact
+  for a finished sequence; a sequence freed earlier (preempted) may not have filled it yet, so
+  one block per preemption may join the evictable list where vLLM would put it in front (vLLM V1
+  names a preempted request's full blocks itself: simulator/scheduler/v1.py). Before vllm#42656
+  every freed block went to the tail; ``full_blocks_lru=False`` keeps the earlier kvplan rule
+  (only named blocks are evictable), which the TensorRT-LLM engine uses.
 
 **The CPU offload tier** (``offload_blocks > 0``, scenario key ``kv_offload``) models vLLM's
 OffloadingConnector with its CPU backend (vllm/distributed/kv_transfer/kv_connector/v1/

@@ -420,9 +420,10 @@ class V1Scheduler(Scheduler):
         threshold: claiming that block counts as taking a free one, so when a growth evicts it
         the head's chunk of the same size needs a block less (or more, the hit shortening there)
         while the free blocks drop by one. Then the run may only go as far as its growths take
-        the free blocks ahead of the first cached one in the free queue, which evict nothing. On a hybrid pool a window group's hit block
-        counts as free even while referenced: a running sequence may drop it in the run, as its
-        window moves on (:meth:`HybridPagedAllocator.has_unreferenced_hit`).
+        the free blocks handed out before the first named one (``free_blocks_before_eviction``),
+        which evict nothing. On a hybrid pool a window group's hit block counts as free even
+        while referenced: a running sequence may drop it in the run, as its window moves on
+        (:meth:`HybridPagedAllocator.has_unreferenced_hit`).
         """
         k = super().quiet_run(plan, limit)
         cache = self._cache
