@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 
@@ -281,15 +281,15 @@ class KVAllocator(ABC):
         assert self.num_tokens.keys() == self.final_tokens.keys()
 
 
-def blocks_before_eviction(free: Sequence[int], evictable: Collection[int], block_hash: Sequence[object],
-                           num_named: int, limit: int) -> int:
+def blocks_before_eviction(num_free: int, evictable: Iterable[int], num_evictable: int,
+                           block_hash: Sequence[object], num_named: int, limit: int) -> int:
     """Blocks a block pool hands out (up to ``limit``) before one that holds a cached hash: its
-    plain free list first, then its evictable list (oldest first) up to the first named block —
-    its anonymous full blocks evict nothing (simulator/kv/paged.py). ``num_named``: the named
-    blocks on the evictable list."""
-    n = len(free)
+    ``num_free`` plain free blocks first, then its ``num_evictable`` evictable ones (oldest first)
+    up to the first named block — its anonymous full blocks evict nothing (simulator/kv/paged.py).
+    ``num_named``: the named blocks on the evictable list."""
+    n = num_free
     if n >= limit or not num_named:
-        return min(limit, n + len(evictable))
+        return min(limit, n + num_evictable)
     for b in evictable:
         if n >= limit or block_hash[b] is not None:
             break

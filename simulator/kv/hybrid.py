@@ -352,8 +352,8 @@ class HybridPagedAllocator(KVAllocator):
 
     def free_blocks_before_eviction(self, limit: int) -> int:
         """As :meth:`PagedAllocator.free_blocks_before_eviction`: block ids, of any group."""
-        return blocks_before_eviction(self._free, self._evictable, self.block_hash, self._num_cached_free,
-                                      limit)
+        return blocks_before_eviction(len(self._free), self._evictable, len(self._evictable), self.block_hash,
+                                      self._num_cached_free, limit)
 
     # ------------------------------------------------------------------ interface
     def can_allocate(self, num_tokens: int, final_tokens: int, block_hashes: Sequence[int] = (),

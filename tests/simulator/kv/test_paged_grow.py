@@ -16,7 +16,7 @@ from simulator.kv.prefix import block_hashes
 
 def _state(a: PagedAllocator) -> tuple:
     """Everything a later operation or a snapshot can observe."""
-    return (a.block_tables, a.ref_count, a.fill, a.block_hash, a._free, list(a._evictable), a._num_cached_free,
+    return (a.block_tables, a.ref_count, a.fill, a.block_hash, a._free, a.evictable_blocks(), a._num_cached_free,
             a._cache, a.num_tokens, a._hash_due, a.num_evictions, a.cache_generation,
             a.snapshot_parts())
 

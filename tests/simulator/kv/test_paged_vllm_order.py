@@ -154,6 +154,6 @@ def test_the_blocks_handed_out_are_vllms(num_blocks: int, caching: bool, ops) ->
                 ours.free(seq)
                 ref.free(seq, final[seq])
         assert {s: list(ours.block_table(s)) for s in ours.block_tables} == ref.tables
-        assert [*reversed(ours._free), *ours._evictable] == ref.free_queue
+        assert [*reversed(ours._free), *ours.evictable_blocks()] == ref.free_queue
         assert ours.num_evictions == ref.evictions
         ours.check_invariants()
