@@ -53,8 +53,7 @@ class EngineKnobs:
     enable_chunked_prefill: bool
     gpu_memory_utilization: float
     source: str
-    allocator: str = "paged"
-    engine: str = "vllm-v1"  # the kvplan engine that schedules the run
+    engine: str = "vllm-v1"  # the kvplan engine that schedules the run (allocator paged)
 
 
 def engine_knobs(row: PublishedRow) -> EngineKnobs:
@@ -227,7 +226,7 @@ def _build(setup: Setup) -> None:
         setup.notes.append("KV cache fp8 assumed: ModelOpt FP8 checkpoints declare kv_cache_quant_algo FP8")
     scenario: dict[str, Any] = {
         "name": r.row_id, "model": model, "gpu": gpu, "tensor_parallel": r.tensor_parallel,
-        "engine": knobs.engine, "allocators": [knobs.allocator], "kv_cache_dtype": kv_dtype,
+        "engine": knobs.engine, "allocators": ["paged"], "kv_cache_dtype": kv_dtype,
         "quantization": quantization, "max_model_len": max_model_len,
         "gpu_memory_utilization": knobs.gpu_memory_utilization,
         "max_num_seqs": knobs.max_num_seqs, "enable_chunked_prefill": knobs.enable_chunked_prefill,

@@ -52,12 +52,14 @@ def test_engine_knobs_follow_vllm_defaults_by_gpu_and_entry_point() -> None:
     # perf-overview.md's KV fraction 0.95 and its 2048 / 8192 batch limits with chunked context
     for engine in ("tensorrt-llm", "nim"):
         trt = engine_knobs(row(engine=engine))
-        assert (trt.engine, trt.allocator, trt.gpu_memory_utilization) == ("trtllm", "paged", 0.95), engine
+        assert (trt.engine, trt.gpu_memory_utilization) == ("trtllm", 0.95), engine
         assert (trt.max_num_seqs, trt.max_num_batched_tokens, trt.enable_chunked_prefill) == (2048, 8192, True)
+        (setup,) = group_setups([row(engine=engine)])
+        assert setup.scenario is not None
+        assert (setup.scenario["engine"], setup.scenario["allocators"]) == ("trtllm", ["paged"]), engine
     assert engine_knobs(row()).engine == "vllm-v1"
-    (setup,) = group_setups([row(engine="tensorrt-llm")])
-    assert setup.scenario is not None
-    assert (setup.scenario["engine"], setup.scenario["allocators"]) == ("trtllm", ["paged"])
+    (setup,) = group_setups([row()])
+    assert setup.scenario is not None and setup.scenario["allocators"] == ["paged"]
 
 
 def test_rows_of_one_run_share_a_setup() -> None:
