@@ -674,8 +674,9 @@ class PagedAllocator(KVAllocator):
         table = self.block_tables.pop(seq_id)
         ref_count = self.ref_count
         bs = self.block_size
-        # blocks before the last are full; the last when the sequence's final length fills it
-        full = len(table) if self.final_tokens[seq_id] >= len(table) * bs else len(table) - 1
+        full = 0  # blocks before the last are full; the last when the final length fills it
+        if self._full_lru:
+            full = len(table) if self.final_tokens[seq_id] >= len(table) * bs else len(table) - 1
         if (seq_id not in self._seq_hashes and seq_id not in self._fork_family) or (
             not self._cache and not self._dup_slots
         ):
