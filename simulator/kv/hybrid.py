@@ -434,16 +434,16 @@ class HybridPagedAllocator(KVAllocator):
             self.last_failure = AllocFailure.NO_SPACE
             return None
         dropped = 0
-        front: list[int] = []
         for g, ((skip, _), table) in enumerate(zip(plan, tables)):
             drop = max(0, min(skip, skipped[g] + len(table)) - skipped[g])
             if drop:  # remove_skipped_blocks, in every group before any block is taken
+                front: list[int] = []  # one free_blocks per group
                 for b in reversed(table[:drop]):  # newest first (_remove_blocks_in_range); full
                     self._release(b, True, front)
+                self._to_free_list(front)
                 del table[:drop]
                 skipped[g] += drop
                 dropped += drop
-        self._to_free_list(front)
         if take:
             for g, ((_, total), table) in enumerate(zip(plan, tables)):
                 table += self._take_many(total - skipped[g] - len(table))
