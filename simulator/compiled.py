@@ -29,6 +29,7 @@ HOT_MODULES = (
     "simulator.scheduler.router",
     "simulator.scheduler.plan",
     "simulator.scheduler.core",
+    "simulator.scheduler.v0",
     "simulator.scheduler.v1",
     "simulator.scheduler.sglang",
     "simulator.scheduler.state",

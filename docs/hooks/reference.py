@@ -457,8 +457,8 @@ def engine_defaults() -> str:
                     values.append(yaml_value(value))
             rows.append(f"| {gpu.name} | {engine} | " + " | ".join(cell(v) for v in values) + " |")
     note = (f"Resolved by `engine_defaults` in `{relative(inspect.getsourcefile(resolve) or '')}` for a "
-            f"scenario that sets none of them (tensor parallel 1, chunked prefill on, max_model_len "
-            f"{max_model_len:,}). What it says of each engine:")
+            f"scenario that sets none of them (tensor parallel 1, max_model_len {max_model_len:,}, chunked "
+            f"prefill as each engine defaults it). What it says of each engine:")
     return "\n".join(rows) + "\n\n" + note + "\n\n" + docstring_prose(resolve).split("\n", 2)[-1].strip() + "\n"
 
 

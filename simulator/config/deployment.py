@@ -193,7 +193,8 @@ class EngineKnobs(NamedTuple):
     enable_chunked_prefill: bool = True
 
 
-def engine_defaults(scenario: Scenario, gpu: GPUSpec, max_model_len: int) -> EngineKnobs:
+def engine_defaults(scenario: Scenario, gpu: GPUSpec, max_model_len: int,
+                    model: ModelConfig | None = None) -> EngineKnobs:
     """The scenario's knobs, each unset one at the default its engine would start with on ``gpu``.
 
     * vllm-v1: ``max_num_seqs`` / ``max_num_batched_tokens`` as ``vllm serve`` sets them
@@ -206,10 +207,14 @@ def engine_defaults(scenario: Scenario, gpu: GPUSpec, max_model_len: int) -> Eng
       (vllm/config/scheduler.py). Prefix caching on (vllm/engine/arg_utils.py: V1 turns it on
       for generative models unless --no-enable-prefix-caching). Block size 16
       (vllm/config/cache.py ``block_size`` default for CUDA).
-    * vllm-v0: 256 sequences (V0's ``SchedulerConfig.max_num_seqs`` default), 8192 batched
-      tokens with chunked prefill (the budget ``vllm serve`` gives H100-class GPUs; else a whole
-      prompt), no prefix caching (off by default in V0), block 16: kvplan's defaults before
-      engines were selectable, kept so that V0 runs are unchanged.
+    * vllm-v0: as vLLM 0.10.2, the last release with V0, starts it
+      (``EngineArgs._set_default_args_v0`` in vllm/engine/arg_utils.py): 256 sequences; chunked
+      prefill only when ``max_model_len`` > 32,768 ("Enable chunked prefill by default for long
+      context (> 32K) models"), never for an MLA or sliding-window ``model``; the budget
+      ``SchedulerConfig.__post_init__`` (vllm/config/scheduler.py) gives: 2048 tokens
+      (``DEFAULT_MAX_NUM_BATCHED_TOKENS``) with chunked prefill, else ``max(max_model_len,
+      2048)``, at most ``max_num_seqs × max_model_len``; prefix caching off
+      (``CacheConfig.enable_prefix_caching`` None); block 16.
     * sglang: :func:`simulator.scheduler.sglang.sglang_defaults` (SGLang's server_args):
       ``chunked_prefill_size`` (kvplan's ``max_num_batched_tokens``) and ``mem_fraction_static``
       (kvplan's ``gpu_memory_utilization``: :func:`simulator.kv.sizing.kv_capacity`
@@ -281,9 +286,14 @@ def engine_defaults(scenario: Scenario, gpu: GPUSpec, max_model_len: int) -> Eng
                 knobs[name] = getattr(scenario, name)
         return EngineKnobs(seqs, batched, block, caching, fraction, knobs, chunked)
     seqs = scenario.max_num_seqs or 256
+    if scenario.enable_chunked_prefill is None:
+        # arg_utils.py _set_default_args_v0: "Chunked prefill not supported for Multimodal or
+        # MLA in V0", and not with a sliding window
+        windowed = model is not None and (model.is_mla or model.sliding_window is not None)
+        chunked = max_model_len > 32768 and not windowed
     batched = scenario.max_num_batched_tokens
-    if batched is None:  # V0's defaults: 8192 with chunked prefill, else a whole prompt
-        batched = max(8192, seqs) if chunked else max(max_model_len, seqs)
+    if batched is None:  # vllm/config/scheduler.py SchedulerConfig.__post_init__
+        batched = min(seqs * max_model_len, 2048 if chunked else max(max_model_len, 2048))
     return EngineKnobs(seqs, batched, block, bool(scenario.enable_prefix_caching), fraction, knobs, chunked)
 
 
@@ -320,7 +330,7 @@ def build_deployment(scenario: Scenario, base_dir: Path, *, force_profile: bool 
     except KvplanError as err:
         raise KvplanError(f"{where}: gpu: {err}") from None
     max_model_len = scenario.max_model_len or model.max_position_embeddings
-    knobs = engine_defaults(scenario, gpu, max_model_len)
+    knobs = engine_defaults(scenario, gpu, max_model_len, model)
     max_seqs, batched, block_size = knobs.max_num_seqs, knobs.max_num_batched_tokens, knobs.block_size
     sglang = scenario.engine == "sglang"
     trtllm = scenario.engine == "trtllm"

@@ -13,7 +13,7 @@
     moe_dispatch: null             # all-to-all or all-gather: how the MoE gets other DP ranks' tokens
     expert_routing: {distribution: uniform}   # or {distribution: zipf, skew: 1.0}
     allocators: [paged, contiguous-max, contiguous-pow2, contiguous-oracle]
-    engine: vllm-v1                # vllm-v1 (default), vllm-v0 (the paper's), sglang, or trtllm
+    engine: vllm-v1                # vllm-v1 (default), vllm-v0, sglang, or trtllm
     engine_version: "1.2"          # trtllm only: the TensorRT-LLM release whose defaults apply
     # the engine's knobs, under vLLM's names (SGLang's and TensorRT-LLM's own under theirs)
     gpu_memory_utilization: 0.9    # default: 0.9 (vLLM); SGLang: its mem_fraction_static by GPU;
@@ -25,7 +25,8 @@
     quantization: auto             # vLLM's --quantization: auto (the checkpoint's), none, fp8, awq...
     max_num_seqs: 256              # default: the engine's for the GPU (vLLM V1: 1024 on H100)
     max_num_batched_tokens: 8192
-    enable_chunked_prefill: true   # default: true (vLLM, SGLang), false (TensorRT-LLM)
+    enable_chunked_prefill: true   # default: true (vLLM V1, SGLang), false (TensorRT-LLM; vLLM V0
+                                   # unless max_model_len > 32768)
     capacity_scheduler_policy: GUARANTEED_NO_EVICT   # trtllm only; or MAX_UTILIZATION
     enable_prefix_caching: false   # default: true for vllm-v1 and sglang, false for vllm-v0
     swap_space: 4                  # GiB of CPU memory per GPU for swapped-out KV

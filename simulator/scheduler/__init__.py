@@ -6,7 +6,8 @@ and the engine's quiet-run protocol, so the simulator and the real backend run a
 * ``vllm-v1`` (:mod:`simulator.scheduler.v1`): vLLM's V1 engine, the default since vLLM 0.8.0
   ("We have now enabled V1 engine by default", vllm-project/vllm#13726, v0.8.0 release notes),
   with speculative decoding in :mod:`simulator.scheduler.spec`;
-* ``vllm-v0`` (:mod:`simulator.scheduler.core`): the PagedAttention paper's engine (vLLM V0);
+* ``vllm-v0`` (:mod:`simulator.scheduler.v0`): vLLM's V0 engine as its last release (0.10.2) ran
+  it, on the machinery of :mod:`simulator.scheduler.core`;
 * ``sglang`` (:mod:`simulator.scheduler.sglang`): SGLang's scheduler over a token pool with a
   radix prefix cache;
 * ``trtllm`` (:mod:`simulator.scheduler.trtllm`): TensorRT-LLM's PyTorch backend, a capacity
@@ -25,7 +26,8 @@ def make_scheduler(allocator: KVAllocator, config: SchedulerConfig, *, detail: b
                    keep_groups: bool = True) -> Scheduler:
     """The scheduler of ``config.engine`` over ``allocator``."""
     if config.engine == "vllm-v0":
-        return Scheduler(allocator, config, detail=detail, keep_groups=keep_groups)
+        from simulator.scheduler.v0 import V0Scheduler
+        return V0Scheduler(allocator, config, detail=detail, keep_groups=keep_groups)
     if config.engine == "vllm-v1" and config.num_speculative_tokens:
         from simulator.scheduler.spec import SpecDecodeScheduler
         return SpecDecodeScheduler(allocator, config, detail=detail, keep_groups=keep_groups)

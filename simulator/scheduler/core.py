@@ -1,6 +1,10 @@
-"""Continuous batching, the way vLLM schedules: one StepPlan per step, no notion of time.
+"""Continuous batching, one StepPlan per step, no notion of time: the machinery every vLLM-style
+engine here shares (queues, growth events keyed by a decode counter, preemption, swapping, forks,
+quiet runs), under the plainest policy it supports. The engines refine that policy in their own
+modules: :mod:`simulator.scheduler.v0` (vLLM V0: whole-prompt admission with a watermark,
+prefill-only steps), :mod:`simulator.scheduler.v1` and :mod:`simulator.scheduler.trtllm`.
 
-Every step:
+Every step of the plain policy:
 
 1. Sequences that reach the end of their KV allocation (a block boundary, a shared last block)
    grow first — *before* this step writes their next token. If the pool is exhausted, the most
@@ -298,6 +302,8 @@ class Scheduler:
             if self._num_running_seqs + k > cfg.max_num_seqs:
                 return
             length = g.swapped_len
+            if not self._swap_in_fits(g, length):
+                return
             seqs: list[int] = []
             for _ in range(k):  # grow-before-write: room for this step's token too
                 s = self._new_seq_id()
@@ -323,6 +329,11 @@ class Scheduler:
             self.running[g.request_id] = g
             self._num_running_seqs += k
             self._start_decode(g, length, d)
+
+    def _swap_in_fits(self, g: Group, length: int) -> bool:
+        """An engine's own condition for swapping ``g`` in now (its KV ``length`` tokens), beside
+        ``max_num_seqs`` and the allocation: none here."""
+        return True
 
     # ------------------------------------------------------------------ growth and preemption
     def _grow(self, g: Group, d: int) -> None:
@@ -643,6 +654,20 @@ class Scheduler:
         d = self.decode_counter
         first: list[Group] = []
         finished: list[Group] = []
+        if plan.prefills:
+            self._complete_prefills(plan, d, first, finished)
+        for g, epoch in self._finishes.pop(d, ()):
+            if g.epoch == epoch and g.status is Status.DECODING:
+                self._leave_decode(g, g.final_tokens)
+                self._finish(g)
+                finished.append(g)
+        if not first and not finished:
+            return _NOTHING
+        return StepOutcome(tuple(first), tuple(finished))
+
+    def _complete_prefills(self, plan: StepPlan, d: int, first: list[Group], finished: list[Group]) -> None:
+        """The prefill chunks of a completed step: a finished prompt emits its first token and
+        starts decoding at decode counter ``d`` (or finishes: an output of one token)."""
         for c in plan.prefills:
             g = self._prefill_owner[c.seq_id]
             g.num_computed += c.num_tokens
@@ -662,14 +687,6 @@ class Scheduler:
                 continue
             self._fork_samples(g, length)
             self._start_decode(g, length, d)
-        for g, epoch in self._finishes.pop(d, ()):
-            if g.epoch == epoch and g.status is Status.DECODING:
-                self._leave_decode(g, g.final_tokens)
-                self._finish(g)
-                finished.append(g)
-        if not first and not finished:
-            return _NOTHING
-        return StepOutcome(tuple(first), tuple(finished))
 
     def _fork_samples(self, g: Group, length: int) -> None:
         k = g.num_seqs

@@ -12,7 +12,8 @@ from simulator.config.deployment import build_deployment, engine_defaults
 from simulator.errors import KvplanError
 from simulator.kv.gpus import get_gpu
 from simulator.config.scenario import load_scenario, parse_scenario
-from simulator.scheduler import Scheduler
+from simulator.kv.models import load_model
+from simulator.scheduler.v0 import V0Scheduler
 
 BASE = {
     "model": "llama-3.1-8b",
@@ -34,11 +35,11 @@ def error(**over) -> str:  # type: ignore[no-untyped-def]
     return str(err.value)
 
 
-def test_the_default_engine_is_vllm_v1_and_v0_is_the_paper_s_scheduler() -> None:
+def test_the_default_engine_is_vllm_v1_and_v0_is_vllm_v0_s_scheduler() -> None:
     assert scenario().engine == "vllm-v1"
     dep = build_deployment(scenario(engine="vllm-v0"), Path("."))
     sched, _ = dep.replica_factory("paged")(0)
-    assert type(sched) is Scheduler  # vllm-v0: the PagedAttention paper's policy, unchanged
+    assert type(sched) is V0Scheduler
     assert dep.scheduler_config.engine == "vllm-v0"
 
 
@@ -72,10 +73,26 @@ def test_v1_cuts_an_unset_max_num_seqs_to_the_token_budget() -> None:
         build_deployment(scenario(max_num_batched_tokens=512, max_num_seqs=1024), Path("."))
 
 
-def test_v0_defaults_are_unchanged() -> None:
+def test_v0_defaults_are_vllm_0_10_2_s() -> None:
+    # vllm/engine/arg_utils.py _set_default_args_v0 and vllm/config/scheduler.py __post_init__
+    # (vLLM 0.10.2): chunked prefill only above a 32K context, 2048 tokens with it, else
+    # max(max_model_len, 2048); 256 sequences; no prefix caching; block 16
     v0 = engine_defaults(scenario(engine="vllm-v0"), get_gpu("h100"), 4096)
-    assert (v0.max_num_seqs, v0.max_num_batched_tokens, v0.block_size, v0.enable_prefix_caching) == (
-        256, 8192, 16, False)
+    assert (v0.max_num_seqs, v0.max_num_batched_tokens, v0.block_size, v0.enable_prefix_caching,
+            v0.enable_chunked_prefill) == (256, 4096, 16, False, False)
+    short = engine_defaults(scenario(engine="vllm-v0"), get_gpu("h100"), 1024)
+    assert (short.max_num_batched_tokens, short.enable_chunked_prefill) == (2048, False)
+    long = engine_defaults(scenario(engine="vllm-v0"), get_gpu("h100"), 32769)
+    assert (long.max_num_batched_tokens, long.enable_chunked_prefill) == (2048, True)
+    edge = engine_defaults(scenario(engine="vllm-v0"), get_gpu("h100"), 32768)
+    assert (edge.max_num_batched_tokens, edge.enable_chunked_prefill) == (32768, False)
+    mla = engine_defaults(scenario(engine="vllm-v0"), get_gpu("h100"), 65536, load_model("deepseek-v3"))
+    assert (mla.max_num_batched_tokens, mla.enable_chunked_prefill) == (65536, False)
+    window = engine_defaults(scenario(engine="vllm-v0"), get_gpu("h100"), 65536, load_model("gpt-oss-20b"))
+    assert not window.enable_chunked_prefill
+    given = engine_defaults(scenario(engine="vllm-v0", enable_chunked_prefill=True, max_num_seqs=8),
+                            get_gpu("h100"), 200)
+    assert (given.max_num_batched_tokens, given.enable_chunked_prefill) == (1600, True)  # 8 × 200
 
 
 def test_a_knob_of_another_engine_is_an_error() -> None:

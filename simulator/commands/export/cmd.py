@@ -269,7 +269,7 @@ def build_export(scenario: Scenario, base_dir: Path, *, engine: str | None = Non
     scenario = scenario.for_engine(engine)
     dep = build_deployment(scenario, base_dir, force_profile=True, where=where)
     sched = dep.scheduler_config
-    fraction = engine_defaults(scenario, dep.gpu, sched.max_model_len).gpu_memory_utilization
+    fraction = engine_defaults(scenario, dep.gpu, sched.max_model_len, dep.model).gpu_memory_utilization
     fit = load_workload(scenario, base_dir, sched.max_model_len)
     requests = fit.requests
     clients = client_policy(scenario, len(requests))

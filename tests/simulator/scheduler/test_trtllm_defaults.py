@@ -64,10 +64,12 @@ def test_scenario_keys_set_what_they_name():
     assert knobs.engine_knobs == {"capacity_scheduler_policy": "MAX_UTILIZATION"}
 
 
-def test_other_engines_keep_chunked_prefill_on_by_default():
-    for engine in ("vllm-v1", "vllm-v0", "sglang"):
+def test_other_engines_keep_their_chunked_prefill_default():
+    for engine in ("vllm-v1", "sglang"):
         knobs = engine_defaults(scenario(engine=engine), get_gpu("h100-80gb"), 8192)
         assert knobs.enable_chunked_prefill, engine
+    # vLLM V0 chunks only a context above 32K (arg_utils.py _set_default_args_v0)
+    assert not engine_defaults(scenario(engine="vllm-v0"), get_gpu("h100-80gb"), 8192).enable_chunked_prefill
 
 
 @pytest.mark.parametrize(("keys", "message"), [
