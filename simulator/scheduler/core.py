@@ -556,7 +556,9 @@ class Scheduler:
         if not events or limit <= 1:
             return max(limit, 1)
         bs = self.config.block_size
-        free = self.alloc.free_blocks_for_growth()
+        free = self._quiet_free()
+        if free < 0:
+            return 1
         if len(self.decoding) * (1 + (limit - 1) // bs) <= free and not self._multi_seq_decoding:
             return limit  # room for every group to grow at every boundary it can reach
         # counter -> the end counters of the groups whose growth the run itself schedules there
@@ -580,6 +582,11 @@ class Scheduler:
                     return j
                 free -= need
         return limit
+
+    def _quiet_free(self) -> int:
+        """Blocks the growths of a quiet run may take before one could fail (negative: the next
+        step may preempt even without a growth)."""
+        return self.alloc.free_blocks_for_growth()
 
     def advance_quiet(self, plan: StepPlan, k: int, record=None) -> StepOutcome:  # type: ignore[no-untyped-def]
         """Complete ``plan`` and the ``k - 1`` identical steps after it, as ``k`` alternations of

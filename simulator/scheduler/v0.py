@@ -39,6 +39,11 @@ Read from vLLM 0.10.2, the last release that ships V0 (0.11.0 no longer has ``vl
   (``_schedule_chunked_prefill`` extends ``self.running`` with the swapped-in requests first)
   and at its end without (``_schedule_default`` extends it with them after the decodes). Growths
   are served in queue order when the free blocks do not hold them all.
+* **Every running request wants free blocks each step**: ``can_append_slots`` is a worst-case
+  heuristic — each sequence's first touched block counts even when it has room — so a decode
+  needs a free block per sequence before its turn (and a partly prefilled prompt whose last
+  block is partial one), and V0 preempts from the tail of the queue until it has them: the
+  pool's last block is never filled in a decode step.
 * Recompute or swap as :class:`~simulator.scheduler.core.Scheduler` preempts (``_preempt``:
   swap for a group of several sequences, else ``preemption_mode``).
 
@@ -52,10 +57,18 @@ Left out: ``delay_factor`` (0 by default), ``policy: priority``, ``max_num_parti
 above 1, LoRA and prompt-embedding batches. Two edges differ: a fully cached prompt computes one
 token in V0 and its last block here (the allocator's lookup stops a block short); a recompute
 whose blocks could never leave the watermark free, which V0 would drop (``NEVER``), is admitted
-here once nothing else runs, and a swapped-out request that cannot fit restarts instead.
+here once nothing else runs, and a swapped-out request that cannot fit restarts instead; a
+request left alone in the pool that wants a free block it does not need goes on (V0 would
+preempt it at every step). Two rules of 0.10.2 are not followed (benchmarks/parity_vllm_v0.py
+shows both): it fans a request of ``n`` samples out into ``n`` requests of one sequence
+(``ParallelSampleSequenceGroup``), where kvplan forks them after the prompt and shares its blocks,
+as the PagedAttention paper's engine did; and its prefix cache names the full blocks of
+generated tokens too, so a recomputed request finds more of its own blocks than here.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 from simulator.kv.allocator import AllocFailure, KVAllocator
 from simulator.kv.paged import PagedAllocator
@@ -151,14 +164,38 @@ class V0Scheduler(Scheduler):
             budget = budget // bs * bs
         return rest if rest <= budget else budget
 
+    def _spare(self) -> int:
+        """Free blocks V0's check wants of one running request beyond its growth: one per sequence
+        (``can_append_slots`` counts the last block touched even when it has room)."""
+        if not self._multi_seq_decoding:
+            return 1
+        return max(len(g.seq_ids) for g in self.decoding.values())
+
+    def _quiet_free(self) -> int:
+        return self.alloc.free_blocks_for_growth() - self._spare() if self._pool is not None else \
+            super()._quiet_free()
+
     def _grow_due(self, d: int) -> None:
-        """The growths due at step ``d``, in V0's running-queue order when they might not all fit
-        (the order then decides who is preempted)."""
+        """The running queue's ``can_append_slots`` checks and growths at step ``d``.
+
+        V0 walks the queue (decodes in order, then partly prefilled prompts) and wants, before
+        each request, as many free blocks as the blocks it touches — one per decoding sequence,
+        whether or not its last block has room (``get_num_blocks_touched_by_append_slots``: the
+        first touched block counts), one for a prefilling prompt whose last block is partial
+        — and preempts from the queue's tail until that holds. When the free blocks exceed the
+        growths due by the largest such want, every check passes and the growths are made as
+        filed; otherwise the queue is walked (block pools only: a contiguous region never needs
+        a block to decode)."""
         pending = self._events.pop(d, None)
-        if pending is None:
-            return
-        live = [(kind, g) for kind, g, epoch, token in pending
-                if g.epoch == epoch and g.status is Status.DECODING and (kind == _BEAM or token == g.grow_token)]
+        live = [] if pending is None else [
+            (kind, g) for kind, g, epoch, token in pending
+            if g.epoch == epoch and g.status is Status.DECODING and (kind == _BEAM or token == g.grow_token)]
+        pool = self._pool
+        if pool is not None and (self.decoding or self.prefilling):
+            need = sum(len(g.seq_ids) for _, g in live) if self._multi_seq_decoding else len(live)
+            if pool.num_free_blocks() < need + self._spare():
+                self._walk_running_queue(d, live)
+                return
         if len(live) > 1 and (self._multi_seq_decoding or len(live) > self.alloc.free_blocks_for_growth()):
             order = {rid: i for i, rid in enumerate(self.running)}
             live.sort(key=lambda e: order[e[1].request_id])
@@ -168,6 +205,38 @@ class V0Scheduler(Scheduler):
             if kind == _BEAM:
                 self._reshuffle_beams(g, d)
             self._grow(g, d)
+
+    def _walk_running_queue(self, d: int, live: list[tuple[int, Group]]) -> None:
+        """``_schedule_running``'s loop near a full pool (see :meth:`_grow_due`)."""
+        pool = self._pool
+        assert pool is not None
+        due = {g.request_id: kind for kind, g in live}
+        bs = self.config.block_size
+        queue = deque(g for g in self.running.values() if g.status is Status.DECODING)
+        queue.extend(self.prefilling.values())
+        while queue:
+            g = queue.popleft()
+            if g.status is Status.DECODING:
+                touched = len(g.seq_ids)
+            elif g.status is Status.PREFILLING:
+                touched = 1 if g.num_prefill_target % bs else 0
+            else:
+                continue  # preempted from the tail already
+            while pool.num_free_blocks() < touched:
+                while queue and queue[-1].status not in (Status.DECODING, Status.PREFILLING):
+                    queue.pop()
+                if not queue and len(self.running) == 1:
+                    break  # alone: V0 would preempt it at every step, forever; it goes on here
+                victim = queue.pop() if queue else g
+                self._preempt(victim)
+                if victim is g:
+                    break
+            if g.status is Status.DECODING or g.status is Status.PREFILLING:
+                kind = due.get(g.request_id)
+                if kind is not None and g.status is Status.DECODING:
+                    if kind == _BEAM:
+                        self._reshuffle_beams(g, d)
+                    self._grow(g, d)
 
     def _admit(self, budget: int, chunks: list[PrefillChunk]) -> int:
         """Admit waiting requests FCFS (``_schedule_prefills``): each takes every block of its
