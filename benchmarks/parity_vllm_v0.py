@@ -45,7 +45,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,10 +63,10 @@ class R(NamedTuple):
 
 # knobs: max_num_seqs, max_num_batched_tokens, max_model_len, num_blocks, block_size, chunked,
 # prefix, preemption_mode (None: vLLM's default, kvplan's "recompute"), cpu_blocks
-BASE: dict[str, object] = {"max_num_seqs": 8, "max_num_batched_tokens": 512, "max_model_len": 512,
+BASE: dict[str, Any] = {"max_num_seqs": 8, "max_num_batched_tokens": 512, "max_model_len": 512,
                            "num_blocks": 200, "block_size": 16, "chunked": False, "prefix": False,
                            "preemption_mode": None, "cpu_blocks": 0}
-CASES: dict[str, tuple[dict[str, object], list[R]]] = {
+CASES: dict[str, tuple[dict[str, Any], list[R]]] = {
     # (1) whole prompts within the budget; a step that admits runs no decodes (r2, r3 wait for
     # r0, r1's prefill; r4 arrives while the others decode)
     "prefill-only": ({"max_num_batched_tokens": 128, "max_model_len": 128},
@@ -116,7 +116,8 @@ CASES: dict[str, tuple[dict[str, object], list[R]]] = {
     # chunked prefill, 66 blocks: r2's 60-block prompt is still prefilling when r0 and r1 both
     # cross a block boundary (step 9) with 1 block free; the victim is the last of V0's running
     # queue, the prefilling r2, and r3, arriving in that step, is admitted in it
-    "chunked-victim": ({"chunked": True, "max_num_batched_tokens": 64, "max_model_len": 2048, "num_blocks": 66},
+    "chunked-victim": ({"chunked": True, "max_num_batched_tokens": 64, "max_model_len": 2048,
+                        "num_blocks": 66},
                        [R(40, 30), R(24, 30), R(960, 4), R(16, 4, at=9)]),
     # chunked prefill under block pressure, where the pool runs down to 0 free blocks
     "chunked-preempt": ({"chunked": True, "max_num_batched_tokens": 64, "num_blocks": 17},
@@ -128,7 +129,7 @@ CASES: dict[str, tuple[dict[str, object], list[R]]] = {
 MAX_STEPS = 2000
 
 
-def knobs_of(case: str) -> dict[str, object]:
+def knobs_of(case: str) -> dict[str, Any]:
     return {**BASE, **CASES[case][0]}
 
 
@@ -168,16 +169,17 @@ def run_vllm(case: str) -> list[dict[str, object]]:
     from vllm.sequence import Sequence, SequenceGroup, SequenceStatus
 
     knobs, requests = knobs_of(case), CASES[case][1]
-    bs = int(knobs["block_size"])  # type: ignore[call-overload]
-    sc = SchedulerConfig(max_num_seqs=knobs["max_num_seqs"], max_num_batched_tokens=knobs["max_num_batched_tokens"],
+    bs = int(knobs["block_size"])
+    sc = SchedulerConfig(max_num_seqs=knobs["max_num_seqs"],
+                         max_num_batched_tokens=knobs["max_num_batched_tokens"],
                          max_model_len=knobs["max_model_len"], enable_chunked_prefill=knobs["chunked"],
                          preemption_mode=knobs["preemption_mode"])
     cc = CacheConfig(block_size=bs, gpu_memory_utilization=0.9, swap_space=0, cache_dtype="auto",
                      enable_prefix_caching=bool(knobs["prefix"]))
-    cc.num_gpu_blocks = int(knobs["num_blocks"])  # type: ignore[call-overload]
-    cc.num_cpu_blocks = int(knobs["cpu_blocks"])  # type: ignore[call-overload]
+    cc.num_gpu_blocks = int(knobs["num_blocks"])
+    cc.num_cpu_blocks = int(knobs["cpu_blocks"])
     sched = Scheduler(sc, cc, None)
-    max_model_len = int(knobs["max_model_len"])  # type: ignore[call-overload]
+    max_model_len = int(knobs["max_model_len"])
 
     owner: dict[str, int] = {}  # seq group request id -> request index
     samples: dict[int, list[SequenceGroup]] = {}
@@ -258,15 +260,16 @@ def run_kvplan(case: str) -> list[dict[str, object]]:
     from workloads.request import Request
 
     knobs, requests = knobs_of(case), CASES[case][1]
-    bs = int(knobs["block_size"])  # type: ignore[call-overload]
+    bs = int(knobs["block_size"])
     prefix = bool(knobs["prefix"])
-    cfg = SchedulerConfig(engine="vllm-v0", max_num_seqs=int(knobs["max_num_seqs"]),  # type: ignore[call-overload]
-                          max_num_batched_tokens=int(knobs["max_num_batched_tokens"]),  # type: ignore[call-overload]
-                          max_model_len=int(knobs["max_model_len"]),  # type: ignore[call-overload]
-                          block_size=bs, enable_chunked_prefill=bool(knobs["chunked"]),
-                          enable_prefix_caching=prefix, preemption_mode=knobs["preemption_mode"] or "recompute",
-                          swap_space_tokens=int(knobs["cpu_blocks"]) * bs)  # type: ignore[call-overload]
-    alloc = PagedAllocator(int(knobs["num_blocks"]), bs, enable_prefix_caching=prefix)  # type: ignore[call-overload]
+    cfg = SchedulerConfig(engine="vllm-v0", max_num_seqs=knobs["max_num_seqs"],
+                          max_num_batched_tokens=knobs["max_num_batched_tokens"],
+                          max_model_len=knobs["max_model_len"], block_size=bs,
+                          enable_chunked_prefill=knobs["chunked"], enable_prefix_caching=prefix,
+                          # vLLM's None: recompute for a single-sequence group (Scheduler._preempt)
+                          preemption_mode=knobs["preemption_mode"] or "recompute",
+                          swap_space_tokens=knobs["cpu_blocks"] * bs)
+    alloc = PagedAllocator(int(knobs["num_blocks"]), bs, enable_prefix_caching=prefix)
     sched = V0Scheduler(alloc, cfg, detail=True)
     ids = prompt_ids(requests)
     owner: dict[int, int] = {}
@@ -322,7 +325,8 @@ def diff(ours: list[dict[str, object]], theirs: list[dict[str, object]]) -> tupl
     agree = sum(a == b for a, b in zip(ours, theirs))
     for i, (a, b) in enumerate(zip(ours, theirs)):
         if a != b:
-            return agree, i, f"step {i}: kvplan {json.dumps(a)}\n{' ' * (8 + len(str(i)))}vLLM   {json.dumps(b)}"
+            pad = " " * (8 + len(str(i)))
+            return agree, i, f"step {i}: kvplan {json.dumps(a)}\n{pad}vLLM   {json.dumps(b)}"
     if len(ours) != len(theirs):
         i = min(len(ours), len(theirs))
         return agree, i, f"kvplan ran {len(ours)} steps, vLLM {len(theirs)}"
@@ -344,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--vllm-python is required (the vLLM venv's python)")
     rows = []
     for case in args.case or list(CASES):
-        proc = subprocess.run([args.vllm_python, __file__, "--emit-vllm", case], capture_output=True, text=True)
+        proc = subprocess.run([args.vllm_python, __file__, "--emit-vllm", case],
+                              capture_output=True, text=True)
         if proc.returncode != 0:
             print(f"{case}: vLLM side failed: {proc.stderr.strip().splitlines()[-1:]}")
             rows.append((case, None, None, None, None, "vLLM side failed"))
@@ -356,10 +361,12 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(min(args.show, max(len(ours), len(theirs)))):
             print(f"{case} {i:3d} kvplan {json.dumps(ours[i]) if i < len(ours) else '—'}")
             print(f"{case} {i:3d} vLLM   {json.dumps(theirs[i]) if i < len(theirs) else '—'}")
-    print(f"\n{'case':18s} {'vLLM steps':>10s} {'kvplan steps':>12s} {'steps agree':>11s} {'first diff':>10s}")
+    print(f"\n{'case':18s} {'vLLM steps':>10s} {'kvplan steps':>12s} {'steps agree':>11s} "
+          f"{'first diff':>10s}")
     for case, total, ours_n, agree, first, _ in rows:
         cells = ["—" if v is None else v for v in (total, ours_n, agree)]
-        print(f"{case:18s} {cells[0]:>10} {cells[1]:>12} {cells[2]:>11} {'—' if first is None else first:>10}")
+        where_first = "—" if first is None else first
+        print(f"{case:18s} {cells[0]:>10} {cells[1]:>12} {cells[2]:>11} {where_first:>10}")
     for case, *_, where in rows:
         if where:
             print(f"\n{case}: first difference\n  {where}")
