@@ -213,7 +213,7 @@ class Scheduler:
         return PrefillChunk(g.seq_ids[0], n, g.num_computed, last)
 
     def _admit(self, budget: int, chunks: list[PrefillChunk]) -> int:
-        cfg, alloc = self.config, self.alloc
+        cfg = self.config
         while self.waiting and budget > 0:
             g = self.waiting[0]
             k = g.num_seqs
@@ -226,27 +226,9 @@ class Scheduler:
                 if not cfg.enable_chunked_prefill:
                     break
                 n = budget
-            seq = self._new_seq_id()
-            got = alloc.allocate(seq, cached + n, g.final_tokens, g.block_hashes)
-            if got is None:
-                self.num_kv_refusals += 1
-                if alloc.last_failure is AllocFailure.EXTERNAL_FRAGMENTATION:
-                    g.blocked_by_external_fragmentation = True
+            seq = self._allocate_group(g, cached + n, cached)
+            if seq is None:
                 break
-            assert got.num_cached_tokens == cached, (got.num_cached_tokens, cached)
-            g.seq_ids = [seq]
-            if k > 1 and not alloc.forks_share_memory:
-                # without sharing, every sample needs its own region from the start
-                for _ in range(k - 1):
-                    child = self._new_seq_id()
-                    if alloc.fork(seq, child, 0) is None:
-                        break
-                    g.seq_ids.append(child)
-                if len(g.seq_ids) < k:
-                    for s in g.seq_ids:
-                        alloc.free(s)
-                    g.seq_ids = []
-                    break
             self.waiting.popleft()
             self._start_prefill(g, seq, target, cached)
             self.newly_admitted.append(g)
@@ -255,6 +237,35 @@ class Scheduler:
             chunks.append(self._chunk(g, n))
             budget -= n
         return budget
+
+    def _allocate_group(self, g: Group, num_tokens: int, cached: int) -> int | None:
+        """KV for an admission of ``g``: ``num_tokens`` of its first sequence (``cached`` of them
+        found in the prefix cache), and, where forks cannot share memory, a region per further
+        sample. Returns the first sequence's id (``g.seq_ids`` set), or None (a KV refusal)."""
+        alloc = self.alloc
+        seq = self._new_seq_id()
+        got = alloc.allocate(seq, num_tokens, g.final_tokens, g.block_hashes)
+        if got is None:
+            self.num_kv_refusals += 1
+            if alloc.last_failure is AllocFailure.EXTERNAL_FRAGMENTATION:
+                g.blocked_by_external_fragmentation = True
+            return None
+        assert got.num_cached_tokens == cached, (got.num_cached_tokens, cached)
+        g.seq_ids = [seq]
+        k = g.num_seqs
+        if k > 1 and not alloc.forks_share_memory:
+            # without sharing, every sample needs its own region from the start
+            for _ in range(k - 1):
+                child = self._new_seq_id()
+                if alloc.fork(seq, child, 0) is None:
+                    break
+                g.seq_ids.append(child)
+            if len(g.seq_ids) < k:
+                for s in g.seq_ids:
+                    alloc.free(s)
+                g.seq_ids = []
+                return None
+        return seq
 
     def _start_prefill(self, g: Group, seq: int, target: int, cached: int) -> None:
         """An admission's bookkeeping once its allocation succeeded: ``seq`` holds the first

@@ -70,7 +70,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from simulator.kv.allocator import AllocFailure, KVAllocator
+from simulator.kv.allocator import KVAllocator
 from simulator.kv.paged import PagedAllocator
 from simulator.scheduler.config import SchedulerConfig
 from simulator.scheduler.core import _BEAM, Scheduler
@@ -241,7 +241,7 @@ class V0Scheduler(Scheduler):
     def _admit(self, budget: int, chunks: list[PrefillChunk]) -> int:
         """Admit waiting requests FCFS (``_schedule_prefills``): each takes every block of its
         sequence now, with the watermark left free; returns the budget left."""
-        cfg, alloc, pool = self.config, self.alloc, self._pool
+        cfg, pool = self.config, self._pool
         chunked = cfg.enable_chunked_prefill
         while self.waiting and budget > 0:
             g = self.waiting[0]
@@ -264,27 +264,9 @@ class V0Scheduler(Scheduler):
             k = g.num_seqs
             if self._num_running_seqs + k > cfg.max_num_seqs:
                 break
-            seq = self._new_seq_id()
-            got = alloc.allocate(seq, target, g.final_tokens, g.block_hashes)
-            if got is None:
-                self.num_kv_refusals += 1
-                if alloc.last_failure is AllocFailure.EXTERNAL_FRAGMENTATION:
-                    g.blocked_by_external_fragmentation = True
+            seq = self._allocate_group(g, target, cached)
+            if seq is None:
                 break
-            assert got.num_cached_tokens == cached, (got.num_cached_tokens, cached)
-            g.seq_ids = [seq]
-            if k > 1 and not alloc.forks_share_memory:
-                # without sharing, every sample needs its own region from the start
-                for _ in range(k - 1):
-                    child = self._new_seq_id()
-                    if alloc.fork(seq, child, 0) is None:
-                        break
-                    g.seq_ids.append(child)
-                if len(g.seq_ids) < k:
-                    for s in g.seq_ids:
-                        alloc.free(s)
-                    g.seq_ids = []
-                    break
             self.waiting.popleft()
             self._start_prefill(g, seq, target, cached)
             self.newly_admitted.append(g)
