@@ -2,7 +2,7 @@
 """kvplan's vLLM V0 scheduler against vLLM's own (0.10.2, the last release with V0), step by step.
 
     python3 -m venv /tmp/v0v && /tmp/v0v/bin/pip install torch==2.13.0      # the CPU build
-    /tmp/v0v/bin/pip install --no-deps vllm==0.10.2                         # no CUDA torch pulled
+    /tmp/v0v/bin/pip install --no-deps vllm==0.10.2     # or its wheel file; no CUDA torch pulled
     /tmp/v0v/bin/pip install regex cachetools psutil numpy requests tqdm blake3 py-cpuinfo \\
         'transformers>=4.55,<4.57' huggingface_hub tokenizers safetensors pydantic msgspec pyzmq \\
         cloudpickle pyyaml einops openai prometheus_client pybase64 cbor2 setproctitle aiohttp pillow
@@ -34,7 +34,8 @@ hit tokens of the requests admitted (``hit``), the requests preempted by recompu
 requests refused (vLLM: ``ignored_seq_groups``; kvplan: rejected at ``add_request``), and the free
 GPU blocks once the step is scheduled (vLLM: ``block_manager.get_num_free_gpu_blocks()``, which
 counts evictable cached blocks; kvplan: ``num_free_blocks()``). The first step where the two
-disagree is printed with both sides; the table says per case how many steps agree. A benchmark,
+disagree is printed with both sides; the table says per case how many steps agree (in all: after a
+first difference the two runs are usually out of step) and which step differs first. A benchmark,
 not a test: it needs the vLLM venv, ~5 s of vLLM import per case.
 """
 
@@ -64,8 +65,9 @@ class R(NamedTuple):
 # knobs: max_num_seqs, max_num_batched_tokens, max_model_len, num_blocks, block_size, chunked,
 # prefix, preemption_mode (None: vLLM's default, kvplan's "recompute"), cpu_blocks
 BASE: dict[str, Any] = {"max_num_seqs": 8, "max_num_batched_tokens": 512, "max_model_len": 512,
-                           "num_blocks": 200, "block_size": 16, "chunked": False, "prefix": False,
-                           "preemption_mode": None, "cpu_blocks": 0}
+                        "num_blocks": 200, "block_size": 16, "chunked": False, "prefix": False,
+                        "preemption_mode": None, "cpu_blocks": 0}
+FOUR = [R(40, 60), R(40, 60), R(40, 60), R(40, 60), R(20, 10, at=30)]
 CASES: dict[str, tuple[dict[str, Any], list[R]]] = {
     # (1) whole prompts within the budget; a step that admits runs no decodes (r2, r3 wait for
     # r0, r1's prefill; r4 arrives while the others decode)
@@ -73,10 +75,10 @@ CASES: dict[str, tuple[dict[str, Any], list[R]]] = {
                      [R(60, 5), R(50, 6), R(40, 4), R(30, 8), R(20, 3, at=6)]),
     # (2) 19 blocks, four prompts of 3 blocks growing to 7: at the second boundary three growths
     # take the last 3 blocks and the fourth preempts the newest (itself); r4 arrives later
-    "recompute": ({"num_blocks": 19}, [R(40, 60), R(40, 60), R(40, 60), R(40, 60), R(20, 10, at=30)]),
-    # (2b) the same with 20 blocks: the second boundary leaves 0 free, and the decodes after it need
-    # no new block
-    "recompute-20": ({"num_blocks": 20}, [R(40, 60), R(40, 60), R(40, 60), R(40, 60), R(20, 10, at=30)]),
+    "recompute": ({"num_blocks": 19}, FOUR),
+    # (2b) the same with 20 blocks: the second boundary leaves exactly 0 free, and the decodes
+    # after it need no new block (V0's can_append_slots counts one touched block per decode)
+    "recompute-20": ({"num_blocks": 20}, FOUR),
     # (2c) 7 blocks, both prompts admitted leaving 0 free; neither decode needs a block for a while
     "free-zero": ({"num_blocks": 7}, [R(40, 6), R(56, 6)]),
     # (3) chunked prefill, budget 64: every admission takes its whole prompt's blocks (r2's 7 do
@@ -84,6 +86,15 @@ CASES: dict[str, tuple[dict[str, Any], list[R]]] = {
     # chunks never preempt
     "chunked-reserve": ({"chunked": True, "max_num_batched_tokens": 64, "num_blocks": 28},
                         [R(200, 6), R(150, 6), R(100, 6), R(30, 4)]),
+    # (3b) chunked prefill, 66 blocks: r2's 60-block prompt is still prefilling when r0 and r1
+    # both cross a block boundary (step 9) with 1 block free; the victim is the last of V0's
+    # running queue, the prefilling r2, and r3, arriving in that step, is admitted in it
+    "chunked-victim": ({"chunked": True, "max_num_batched_tokens": 64, "max_model_len": 2048,
+                        "num_blocks": 66},
+                       [R(40, 30), R(24, 30), R(960, 4), R(16, 4, at=9)]),
+    # (3c) chunked prefill under block pressure, where the pool runs down to exactly 0 free blocks
+    "chunked-preempt": ({"chunked": True, "max_num_batched_tokens": 64, "num_blocks": 17},
+                        [R(40, 50), R(40, 50), R(100, 20), R(30, 40), R(20, 5, at=20)]),
     # (4) 150 blocks, watermark int(0.01 * 150) = 1: r1's 50 blocks fit the 50 left by r0's 100
     # only without the watermark; r1 waits for r0 to finish
     "watermark": ({"max_num_batched_tokens": 4096, "max_model_len": 4096, "num_blocks": 150},
@@ -91,37 +102,29 @@ CASES: dict[str, tuple[dict[str, Any], list[R]]] = {
     # (4b) a prompt of all 150 blocks could never leave the watermark free (AllocStatus.NEVER)
     "watermark-never": ({"max_num_batched_tokens": 4096, "max_model_len": 4096, "num_blocks": 150},
                         [R(2400, 2), R(100, 3)]),
-    # (4c) chunked prefill and the watermark: 100 blocks (watermark 1), a 99-block prompt
+    # (4c) chunked prefill and the watermark: 100 blocks (watermark 1), a 98-block prompt, then a
+    # 1-block one admitted with 1 left, whose first decode finds none
     "watermark-chunked": ({"chunked": True, "max_num_batched_tokens": 256, "max_model_len": 2048,
                            "num_blocks": 100}, [R(16 * 98, 3), R(16, 3)]),
     # (5) prefix caching with chunked prefill: an unfinished prompt's chunk is cut to whole blocks
     # (budget 56 less the decodes: 48, 32 ...)
-    "prefix-chunked": ({"chunked": True, "prefix": True, "max_num_batched_tokens": 56, "max_model_len": 1024},
+    "prefix-chunked": ({"chunked": True, "prefix": True, "max_num_batched_tokens": 56,
+                        "max_model_len": 1024},
                        [R(100, 4, 0), R(120, 4, 0), R(64, 4, 1), R(64, 3, 1, at=12)]),
-    # (5c) prefix caching and recompute: the victim's full blocks (prompt and generated, which V0
-    # hashes too) are evictable when it is re-admitted
-    "prefix-recompute": ({"num_blocks": 19, "prefix": True},
-                         [R(40, 60), R(40, 60), R(40, 60), R(40, 60), R(20, 10, at=30)]),
     # (5b) prefix caching without chunking: hits on a prompt prefilled in an earlier step
     "prefix": ({"prefix": True}, [R(64, 4, 0), R(80, 4, 0, at=2), R(48, 4, 1, at=2), R(64, 4, 0, at=3)]),
-    # (6) parallel sampling n=2 with few blocks (vLLM: n independent groups, recompute)
+    # (5c) prefix caching and recompute (case 2's requests): the victim's full blocks, prompt and
+    # generated (V0 hashes both), are still cached when it is re-admitted
+    "prefix-recompute": ({"num_blocks": 19, "prefix": True}, FOUR),
+    # (6) parallel sampling n=2 with few blocks (vLLM 0.10.2: n independent groups, recompute)
     "parallel-n2": ({"num_blocks": 24, "cpu_blocks": 64}, [R(40, 40, n=2), R(40, 40, n=2), R(20, 8)]),
-    # (6c) the same with prefix caching: vLLM's samples share their prompt's full blocks by hash
+    # (6b) the same with prefix caching: vLLM's samples share their prompt's full blocks by hash
     "parallel-n2-prefix": ({"num_blocks": 24, "cpu_blocks": 64, "prefix": True},
                            [R(40, 40, 0, n=2), R(40, 40, 1, n=2), R(20, 8)]),
-    # (6b) preemption_mode="swap" (single sequences): the victim goes to the CPU pool and comes
-    # back before waiting requests
+    # (6c) preemption_mode="swap" (single sequences, 19 blocks as case 2): victims go to the CPU
+    # pool and come back, first out first in, before waiting requests
     "swap": ({"num_blocks": 19, "cpu_blocks": 64, "preemption_mode": "swap"},
              [R(40, 60), R(40, 60), R(40, 60), R(40, 60), R(20, 10, at=10)]),
-    # chunked prefill, 66 blocks: r2's 60-block prompt is still prefilling when r0 and r1 both
-    # cross a block boundary (step 9) with 1 block free; the victim is the last of V0's running
-    # queue, the prefilling r2, and r3, arriving in that step, is admitted in it
-    "chunked-victim": ({"chunked": True, "max_num_batched_tokens": 64, "max_model_len": 2048,
-                        "num_blocks": 66},
-                       [R(40, 30), R(24, 30), R(960, 4), R(16, 4, at=9)]),
-    # chunked prefill under block pressure, where the pool runs down to 0 free blocks
-    "chunked-preempt": ({"chunked": True, "max_num_batched_tokens": 64, "num_blocks": 17},
-                        [R(40, 50), R(40, 50), R(100, 20), R(30, 40), R(20, 5, at=20)]),
     # max_num_seqs 2: admission stops at the cap
     "max-seqs": ({"max_num_seqs": 2, "max_num_batched_tokens": 256, "max_model_len": 256},
                  [R(20, 6), R(20, 3), R(20, 5), R(20, 2)]),
