@@ -95,6 +95,14 @@ CASES: dict[str, tuple[dict[str, Any], list[R]]] = {
     # (3c) chunked prefill under block pressure, where the pool runs down to exactly 0 free blocks
     "chunked-preempt": ({"chunked": True, "max_num_batched_tokens": 64, "num_blocks": 17},
                         [R(40, 50), R(40, 50), R(100, 20), R(30, 40), R(20, 5, at=20)]),
+    # (3d) chunked prefill, 14 blocks: r1's prompt (11 blocks, the last partial) is prefilling
+    # when r0's first decode takes the last free block; r1's own check then finds none
+    "prefill-touched": ({"chunked": True, "max_num_batched_tokens": 64, "num_blocks": 14},
+                        [R(32, 20), R(168, 3)]),
+    # (3e) the same with r1's last block full (176 tokens): its own check touches no block, so it
+    # keeps prefilling in step 1; in step 2 r0's decode finds no free block and preempts it
+    "prefill-touched-full": ({"chunked": True, "max_num_batched_tokens": 64, "num_blocks": 14},
+                             [R(32, 20), R(176, 3)]),
     # (4) 150 blocks, watermark int(0.01 * 150) = 1: r1's 50 blocks fit the 50 left by r0's 100
     # only without the watermark; r1 waits for r0 to finish
     "watermark": ({"max_num_batched_tokens": 4096, "max_model_len": 4096, "num_blocks": 150},
@@ -364,12 +372,12 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(min(args.show, max(len(ours), len(theirs)))):
             print(f"{case} {i:3d} kvplan {json.dumps(ours[i]) if i < len(ours) else '—'}")
             print(f"{case} {i:3d} vLLM   {json.dumps(theirs[i]) if i < len(theirs) else '—'}")
-    print(f"\n{'case':18s} {'vLLM steps':>10s} {'kvplan steps':>12s} {'steps agree':>11s} "
+    print(f"\n{'case':20s} {'vLLM steps':>10s} {'kvplan steps':>12s} {'steps agree':>11s} "
           f"{'first diff':>10s}")
     for case, total, ours_n, agree, first, _ in rows:
         cells = ["—" if v is None else v for v in (total, ours_n, agree)]
         where_first = "—" if first is None else first
-        print(f"{case:18s} {cells[0]:>10} {cells[1]:>12} {cells[2]:>11} {where_first:>10}")
+        print(f"{case:20s} {cells[0]:>10} {cells[1]:>12} {cells[2]:>11} {where_first:>10}")
     for case, *_, where in rows:
         if where:
             print(f"\n{case}: first difference\n  {where}")
