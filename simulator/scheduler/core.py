@@ -229,14 +229,20 @@ class Scheduler:
             seq = self._allocate_group(g, cached + n, cached)
             if seq is None:
                 break
-            self.waiting.popleft()
-            self._start_prefill(g, seq, target, cached)
-            self.newly_admitted.append(g)
-            self._num_running_seqs += k
-            self._prefill_written += cached
-            chunks.append(self._chunk(g, n))
+            self._admitted(g, seq, target, cached, n, chunks)
             budget -= n
         return budget
+
+    def _admitted(self, g: Group, seq: int, target: int, cached: int, n: int,
+                  chunks: list[PrefillChunk]) -> None:
+        """The head of the waiting queue, ``g``, admitted with KV in ``seq``: running, with its
+        first chunk of ``n`` tokens in ``chunks``."""
+        self.waiting.popleft()
+        self._start_prefill(g, seq, target, cached)
+        self.newly_admitted.append(g)
+        self._num_running_seqs += g.num_seqs
+        self._prefill_written += cached
+        chunks.append(self._chunk(g, n))
 
     def _allocate_group(self, g: Group, num_tokens: int, cached: int) -> int | None:
         """KV for an admission of ``g``: ``num_tokens`` of its first sequence (``cached`` of them

@@ -104,13 +104,11 @@ class V0Scheduler(Scheduler):
         """As :meth:`Scheduler.add_request`; a prompt whose blocks could never leave the watermark
         free is refused too (``can_allocate`` answers ``NEVER``)."""
         g = super().add_request(request, queue=False)
-        pool = self._pool
-        if g.status is Status.REJECTED or pool is None:
-            if queue and g.status is not Status.REJECTED:
-                self.waiting.append(g)
+        if g.status is Status.REJECTED:
             return g
-        need = pool.blocks_needed(request.prompt_tokens)
-        if pool.num_blocks - need < self._watermark:
+        pool = self._pool
+        need = pool.blocks_needed(request.prompt_tokens) if pool is not None else 0
+        if pool is not None and pool.num_blocks - need < self._watermark:
             return self._reject(g, f"kv_capacity: the prompt's {need} blocks leave fewer than vLLM V0's "
                                    f"watermark of {self._watermark} free of {pool.num_blocks}")
         if queue:
@@ -267,12 +265,7 @@ class V0Scheduler(Scheduler):
             seq = self._allocate_group(g, target, cached)
             if seq is None:
                 break
-            self.waiting.popleft()
-            self._start_prefill(g, seq, target, cached)
-            self.newly_admitted.append(g)
-            self._num_running_seqs += k
-            self._prefill_written += cached
-            chunks.append(self._chunk(g, n))
+            self._admitted(g, seq, target, cached, n, chunks)
             budget -= n
         return budget
 
